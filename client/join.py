@@ -1,0 +1,108 @@
+"""The processes behind `hetswarm join`, `hetswarm bootstrap` and `hetswarm monitor`, in start-up order."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.live import Live
+
+from hetswarm.client.emulation import SiteLinks
+from hetswarm.client.hardware import probe_hardware, resolve_device
+from hetswarm.client.monitor import read_snapshot, render
+from hetswarm.client.node import NodeConfig, SwarmNode, identity_for, initial_peers_line
+from hetswarm.client.process import run_until_signal, start_dht_for_process
+from hetswarm.client.volunteer import Volunteer, VolunteerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Emulation:
+    """--emulate SCENARIO --site NAME [--bandwidth-scale X]."""
+
+    scenario: str
+    site: str
+    bandwidth_scale: float = 1.0
+
+    def site_links(self) -> SiteLinks:
+        links = SiteLinks.from_scenario(self.scenario, bandwidth_scale=self.bandwidth_scale)
+        links.check_site(self.site)
+        return links
+
+
+def announce(line: str) -> None:
+    """The ready-to-paste line for other peers, on stdout even when logging is quiet (as hivemind-dht does)."""
+    print(line, flush=True)
+
+
+def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: str | None, throughput: str,
+         emulation: Emulation | None) -> None:
+    site_links = emulation.site_links() if emulation else None  # fail on a bad scenario before starting anything
+    torch_device = resolve_device(device)
+    identity = identity_for(node_config)
+    dht = start_dht_for_process(node_config, identity)  # before torch's threads: the DHT forks
+    try:
+        hardware = probe_hardware(torch_device, throughput=throughput)
+
+        async def serve(stop: asyncio.Event) -> None:
+            node = await SwarmNode.attach(node_config, dht, identity, site_links=site_links,
+                                          site=emulation.site if emulation else None)
+            announce(f"Joined swarm {node_config.swarm!r} as {node.peer_id}. Others can join with: "
+                     f"{node.initial_peers_line}")
+            try:
+                await Volunteer(node, hardware, volunteer_config).run(stop)
+            finally:
+                await node.p2p.shutdown()
+
+        run_until_signal(serve)
+    finally:
+        dht.shutdown()
+
+
+def bootstrap(node_config: NodeConfig) -> None:
+    """A DHT-only node for others to join through; it publishes nothing."""
+    dht = start_dht_for_process(node_config, identity_for(node_config))
+    try:
+        announce(f"Bootstrap node of swarm {node_config.swarm!r} is up. Volunteers join with:\n"
+                 f"  hetswarm join {initial_peers_line(dht)}")
+        run_until_signal(lambda stop: stop.wait())
+    finally:
+        dht.shutdown()
+
+
+def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0) -> None:
+    """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C."""
+    dht = start_dht_for_process(node_config, identity_for(node_config))
+    try:
+        async def first_snapshot() -> dict:
+            deadline = asyncio.get_running_loop().time() + settle_s
+            snapshot = await read_snapshot(dht, node_config.swarm)
+            while not snapshot["peers"] and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.5)  # a fresh node may not have found its neighbours yet
+                snapshot = await read_snapshot(dht, node_config.swarm)
+            return snapshot
+
+        if once:
+            snapshot = asyncio.run(first_snapshot())
+            if as_json:
+                json.dump(snapshot, sys.stdout, indent=1)
+                print()
+            else:
+                Console().print(render(snapshot))
+            return
+
+        async def watch(stop: asyncio.Event) -> None:
+            with Live(render(await first_snapshot()), refresh_per_second=4) as live:
+                while not stop.is_set():
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=refresh_s)
+                    except TimeoutError:
+                        live.update(render(await read_snapshot(dht, node_config.swarm)))
+
+        run_until_signal(watch)
+    finally:
+        dht.shutdown()

@@ -1,0 +1,24 @@
+"""Why a training step could not finish: the errors a stage worker raises to whoever drives it.
+
+Each names the peer or the group at fault, so the driver (``hetswarm join``) can log one clear line and wait
+for the coordinator's next assignment instead of stepping on a half-made gradient.
+"""
+from hetswarm.protocol.errors import HetswarmError
+
+__all__ = ["FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError"]
+
+
+class StageError(HetswarmError):
+    """A training step of this stage could not finish; the optimizer has not been stepped."""
+
+
+class FrameRefused(StageError):
+    """A neighbour refused our activations or gradients (its reason is in the message), or could not be reached."""
+
+
+class NeighbourSilent(StageError):
+    """A neighbour's frame for the current step did not arrive before the deadline."""
+
+
+class PartialAllReduce(StageError):
+    """The stage group's all-reduce lost a member: the average covers only part of the group, so it is not used."""

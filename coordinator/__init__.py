@@ -1,0 +1,25 @@
+"""Scheduling: the DT-FM cost model, its exact inner solvers and the evolutionary search (numpy/scipy only).
+
+ * model_config.py - model shapes and the payload bytes (c_DP, c_PP) and FLOPs derived from them
+ * network.py      - Network: latency/bandwidth matrices and device sites, validated; the packaged scenarios
+ * cost_model.py   - Payloads, CostBreakdown, the CostEvaluator protocol and PaperCostModel (DataP + 2·PipeP)
+ * matching.py     - bottleneck perfect matching between two stage groups (threshold search + augmenting paths)
+ * tsp.py          - open-path TSP over stage groups: exact Held–Karp, heuristic beyond 12 groups
+ * neighbourhood.py - candidates, cached terms and swap local search with incremental evaluation
+ * search.py       - SearchConfig and the project's memetic search
+ * paper_ga.py     - the paper's hybrid GA, re-implemented as a baseline
+ * baselines.py    - random and default (device-order) placement
+ * plan.py         - Plan (stage × replica grid), cost_plan, plan_from_partition
+ * scheduler.py    - find_plan: network + payloads in, deployable plan out
+"""
+from hetswarm.coordinator.cost_model import CostBreakdown, CostEvaluator, PaperCostModel, Payloads
+from hetswarm.coordinator.network import InvalidNetwork, Network, load_network
+from hetswarm.coordinator.plan import Plan, cost_plan, plan_from_partition
+from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
+from hetswarm.coordinator.search import SearchConfig, SearchProgress
+
+__all__ = [
+    "CostBreakdown", "CostEvaluator", "InvalidNetwork", "Network", "PaperCostModel", "Payloads", "Plan",
+    "ScheduleResult", "SearchConfig", "SearchProgress", "cost_plan", "find_plan", "load_network",
+    "plan_from_partition",
+]

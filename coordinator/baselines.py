@@ -1,0 +1,32 @@
+"""Plans the scheduler is compared with: random placement and the default (device-order) placement.
+
+Both are deployed as they come, stages in index order and no matching, and priced by `cost_plan`, as the paper's
+random baseline is (notes/dtfm.md, The reference search). The paper's own search is in paper_ga.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hetswarm.coordinator.cost_model import PaperCostModel
+from hetswarm.coordinator.plan import Plan, cost_plan
+
+__all__ = ["default_placement", "random_placement"]
+
+
+def default_placement(model: PaperCostModel) -> Plan:
+    """Device order as Megatron ranks it (pipeline stage outermost): stage s runs on devices [s·D_DP, (s+1)·D_DP)."""
+    return cost_plan(model, np.arange(model.n_devices).reshape(model.d_pp, model.d_dp))
+
+
+def random_placement(model: PaperCostModel, *, samples: int = 5000, seed: int = 0) -> Plan:
+    """The best of `samples` uniformly random grids (the paper draws 5,000), deployed without matching."""
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    rng = np.random.default_rng(seed)
+    best: Plan | None = None
+    for _ in range(samples):
+        plan = cost_plan(model, rng.permutation(model.n_devices).reshape(model.d_pp, model.d_dp))
+        if best is None or plan.cost_s < best.cost_s:
+            best = plan
+    assert best is not None
+    return best

@@ -1,0 +1,179 @@
+"""The network a plan is made for: per-pair latency and bandwidth between devices, and the site of each device.
+
+Scenario files (the DT-FM paper's five networks) ship in the package under `scenarios/`; `load_network` finds
+them by a short name (`worldwide`), by `case1`…`case5`, or reads any file of the same shape.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetswarm.protocol.errors import RejectedInput
+
+__all__ = ["InvalidNetwork", "Network", "SCENARIOS", "load_network"]
+
+logger = logging.getLogger(__name__)
+
+SCENARIOS: dict[str, str] = {
+    "datacenter": "case1_datacenter_on_demand.json",
+    "spot": "case2_datacenter_spot.json",
+    "multi-datacenter": "case3_multiple_datacenters.json",
+    "regional": "case4_regional_geo_distributed.json",
+    "worldwide": "case5_worldwide_geo_distributed.json",
+}
+"""Short name → file of the paper's scenarios (cases 1–5 in notes/dtfm.md, in that order)."""
+
+
+class InvalidNetwork(RejectedInput):
+    """Latency or bandwidth data the cost model cannot price: wrong shape, asymmetric, negative or zero links."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Network:
+    """Link matrices between N devices; the diagonal is never used (a device does not send to itself)."""
+
+    latency_ms: np.ndarray
+    """(N, N) one-way latency, milliseconds (alpha in the paper)."""
+    bandwidth_gbps: np.ndarray
+    """(N, N) bandwidth, Gbit/s (beta in the paper)."""
+    sites: tuple[str, ...]
+    """Site (region, data center, instance) of each device; plans and plots show these names."""
+    name: str = "network"
+    published_best_cost_s: float | None = None
+    """The DT-FM scheduler's best published cost on this network, when it is one of the paper's."""
+    twin_classes: np.ndarray = field(init=False)
+    """(N,) class id per device; devices of one class are interchangeable (swapping them leaves both matrices
+    unchanged), so a group's cost depends only on its multiset of classes. The search caches on that."""
+
+    def __post_init__(self) -> None:
+        latency = _checked_matrix("latency_ms", self.latency_ms)
+        bandwidth = _checked_matrix("bandwidth_gbps", self.bandwidth_gbps)
+        if latency.shape != bandwidth.shape:
+            raise InvalidNetwork(
+                f"latency_ms is {latency.shape} but bandwidth_gbps is {bandwidth.shape}; both must be (N, N)"
+            )
+        off_diagonal = ~np.eye(len(latency), dtype=bool)
+        if (latency[off_diagonal] < 0).any():
+            d, e = np.argwhere((latency < 0) & off_diagonal)[0]
+            raise InvalidNetwork(f"latency_ms[{d}, {e}] = {latency[d, e]} is negative; latencies must be >= 0 ms")
+        if (bandwidth[off_diagonal] <= 0).any():
+            d, e = np.argwhere((bandwidth <= 0) & off_diagonal)[0]
+            raise InvalidNetwork(f"bandwidth_gbps[{d}, {e}] = {bandwidth[d, e]} must be positive (Gbit/s)")
+        if len(self.sites) != len(latency):
+            raise InvalidNetwork(f"{len(self.sites)} site names for {len(latency)} devices; give one per device")
+        latency, bandwidth = latency.copy(), bandwidth.copy()
+        np.fill_diagonal(latency, 0.0)
+        np.fill_diagonal(bandwidth, np.inf)  # unused; inf keeps 8c/beta finite and zero
+        latency.flags.writeable = bandwidth.flags.writeable = False
+        object.__setattr__(self, "latency_ms", latency)
+        object.__setattr__(self, "bandwidth_gbps", bandwidth)
+        object.__setattr__(self, "sites", tuple(str(s) for s in self.sites))
+        object.__setattr__(self, "twin_classes", _twin_classes(latency, bandwidth, self.sites))
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.sites)
+
+    @classmethod
+    def from_matrices(
+        cls, latency_ms: Any, bandwidth_gbps: Any, *, sites: list[str] | None = None, name: str = "network"
+    ) -> Network:
+        """A network from nested lists or arrays; without site names every device is its own site."""
+        n = len(latency_ms)
+        return cls(
+            latency_ms=np.asarray(latency_ms, dtype=float),
+            bandwidth_gbps=np.asarray(bandwidth_gbps, dtype=float),
+            sites=tuple(sites) if sites is not None else tuple(f"device-{d}" for d in range(n)),
+            name=name,
+        )
+
+    @classmethod
+    def from_scenario(cls, data: dict[str, Any], *, name: str | None = None) -> Network:
+        """A network from a scenario dict (keys `latency_ms_matrix`, `bandwidth_gbps_matrix`, `devices`)."""
+        try:
+            latency, bandwidth = data["latency_ms_matrix"], data["bandwidth_gbps_matrix"]
+            devices = data["devices"]
+        except (KeyError, TypeError) as e:
+            needed = "latency_ms_matrix, bandwidth_gbps_matrix, devices"
+            raise InvalidNetwork(f"scenario lacks {e}; it needs {needed}") from None
+        sites = [device["group"] if isinstance(device, dict) else str(device) for device in devices]
+        published = (data.get("reference_best_cost_seconds_dtfm_cost_model") or {}).get("ours")
+        return cls(
+            latency_ms=np.asarray(latency, dtype=float),
+            bandwidth_gbps=np.asarray(bandwidth, dtype=float),
+            sites=tuple(sites),
+            name=name or data.get("name", "scenario"),
+            published_best_cost_s=min(published) if published else None,
+        )
+
+
+def load_network(scenario: str) -> Network:
+    """A network by short name (`worldwide`), case number (`case5`), packaged file name, or path to a JSON file.
+
+    Raises:
+        InvalidNetwork: the name is unknown, the file is unreadable, or its matrices are invalid.
+    """
+    path = Path(scenario)
+    if path.suffix == ".json" and path.exists():
+        text, label = path.read_text(), path.stem
+    else:
+        label = _short_name(scenario)
+        text = resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS[label]).read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidNetwork(f"{scenario}: not valid JSON ({e})") from None
+    return Network.from_scenario(data, name=label)
+
+
+def _short_name(scenario: str) -> str:
+    key = scenario.lower().removesuffix(".json")
+    for index, (short, file_name) in enumerate(SCENARIOS.items(), start=1):
+        if key in (short, f"case{index}", file_name.removesuffix(".json")):
+            return short
+    names = ", ".join(list(SCENARIOS) + [f"case{i}" for i in range(1, len(SCENARIOS) + 1)])
+    raise InvalidNetwork(f"unknown scenario {scenario!r}: give a JSON file path or one of {names}")
+
+
+def _checked_matrix(label: str, matrix: Any) -> np.ndarray:
+    array = np.asarray(matrix, dtype=float)
+    if array.ndim != 2 or array.shape[0] != array.shape[1] or array.shape[0] == 0:
+        raise InvalidNetwork(f"{label} must be a non-empty square (N, N) matrix, got shape {array.shape}")
+    if not np.isfinite(array[~np.eye(len(array), dtype=bool)]).all():
+        raise InvalidNetwork(f"{label} has NaN or infinite entries off the diagonal")
+    if not np.allclose(array, array.T, rtol=1e-9, atol=0.0):
+        d, e = np.unravel_index(np.argmax(np.abs(array - array.T)), array.shape)
+        raise InvalidNetwork(f"{label} is asymmetric: [{d}, {e}] = {array[d, e]} but [{e}, {d}] = {array[e, d]}")
+    return array
+
+
+def _twin_classes(latency: np.ndarray, bandwidth: np.ndarray, sites: tuple[str, ...]) -> np.ndarray:
+    """Class ids such that devices d, e share one only if M[d, x] == M[e, x] for every x outside {d, e}.
+
+    Twins are looked for within a site only (a cheap, conservative hint); every pair is verified exactly.
+    """
+    n = len(sites)
+    links = np.stack([latency, bandwidth], axis=-1)  # (N, N, 2)
+    classes = np.full(n, -1)
+    next_class = 0
+    for site in dict.fromkeys(sites):
+        members = [d for d in range(n) if sites[d] == site]
+        representatives: list[int] = []
+        for d in members:
+            for rep in representatives:
+                outside = np.ones(n, dtype=bool)
+                outside[[d, rep]] = False
+                if np.array_equal(links[d, outside], links[rep, outside]):
+                    classes[d] = classes[rep]
+                    break
+            else:
+                representatives.append(d)
+                classes[d] = next_class
+                next_class += 1
+    return classes

@@ -1,0 +1,90 @@
+"""The scheduler's front door: a network and payloads in, a deployable plan out.
+
+It prices the network with the paper's cost model, seeds the search with plans that keep close devices together,
+runs the search within its budget, and deploys the best partition along its bottleneck matchings.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.network import Network
+from hetswarm.coordinator.plan import Plan, plan_from_partition
+from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
+
+__all__ = ["ScheduleResult", "find_plan", "seed_partitions"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleResult:
+    plan: Plan
+    search: SearchResult
+
+
+def find_plan(
+    network: Network,
+    payloads: Payloads,
+    *,
+    d_dp: int,
+    d_pp: int,
+    config: SearchConfig = SearchConfig(),
+    progress: Callable[[SearchProgress], None] | None = None,
+) -> ScheduleResult:
+    """Searches for the cheapest plan of D_DP × D_PP tasklets on `network` under the paper's cost model.
+
+    Raises:
+        InvalidPlanShape: D_DP · D_PP is not the number of devices.
+    """
+    model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
+    result = search(model, config, classes=network.twin_classes, seeds=seed_partitions(model), progress=progress)
+    return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order), search=result)
+
+
+def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:
+    """Structured starting points: pipelines packed inside sites; and, for orders that keep close devices
+    adjacent, groups as consecutive blocks (each stage inside one place, pipelines across) and as strides (each
+    pipeline inside one place, stages across). On the paper's networks the paper's search converges to the
+    pipelines-inside-sites shape."""
+    shape = (model.d_pp, model.d_dp)
+    seeds = [_packed_pipelines(model.network, d_dp=model.d_dp, d_pp=model.d_pp)]
+    for order in (_site_order(model.network), _nearest_neighbour_order(model.pp_edge_s)):
+        seeds.append(order.reshape(shape))
+        seeds.append(order.reshape(model.d_dp, model.d_pp).T.copy())
+    return seeds
+
+
+def _packed_pipelines(network: Network, *, d_dp: int, d_pp: int) -> np.ndarray:
+    """Each site's devices as consecutive stages of as few pipelines as possible (smallest sites first, each into
+    the pipeline with the most room), so that most pipeline hops stay inside a site and stage s of different
+    pipelines holds the s-th device of different sites."""
+    by_site: dict[str, list[int]] = {}
+    for device, site in enumerate(network.sites):
+        by_site.setdefault(site, []).append(device)
+    columns: list[list[int]] = [[] for _ in range(d_dp)]
+    for devices in sorted(by_site.values(), key=len):
+        while devices:
+            pipeline = max(range(d_dp), key=lambda r: d_pp - len(columns[r]))
+            room = d_pp - len(columns[pipeline])
+            columns[pipeline] += devices[:room]
+            devices = devices[room:]
+    return np.array(columns).T.copy()  # (d_pp, d_dp): row s is stage group s
+
+
+def _site_order(network: Network) -> np.ndarray:
+    """Devices grouped by site, sites in order of first appearance."""
+    first_seen = {site: index for index, site in reversed(list(enumerate(network.sites)))}
+    return np.array(sorted(range(network.n_devices), key=lambda d: (first_seen[network.sites[d]], d)))
+
+
+def _nearest_neighbour_order(edge_s: np.ndarray) -> np.ndarray:
+    """A greedy chain from device 0 to the nearest unvisited device each time: close devices end up adjacent."""
+    n = len(edge_s)
+    order, unvisited = [0], np.ones(n, dtype=bool)
+    unvisited[0] = False
+    for _ in range(n - 1):
+        order.append(int(np.argmin(np.where(unvisited, edge_s[order[-1]], np.inf))))
+        unvisited[order[-1]] = False
+    return np.array(order)

@@ -1,0 +1,222 @@
+"""Activation and gradient frames: one tensor on a hivemind stream, tagged with where it belongs in training.
+
+A frame is a list of ``runtime_pb2.ExpertRequest`` messages. The first carries the ``FrameHeader`` (JSON in
+``metadata``) and the first part of the tensor; each later message carries one more part. The tensor is
+serialized by hivemind (``serialize_torch_tensor``, no compression) and split into FRAME_PART_BYTES parts, since
+hivemind messages over 4 MiB misbehave (notes/hivemind.md, pitfall 2).
+
+A receiver states what it expects (``Expectation``) and reads with ``read_frame`` (a stream) or ``decode_frame``
+(messages at hand). Anything else is refused with a ``FrameError`` that says what was wrong, before the tensor is
+built: a malformed header, the wrong kind, assignment version, step, pipeline, micro-batch, shape or dtype, more
+tensor bytes than the header's shape needs, or more than ``max_frame_bytes`` in all. Bytes are counted as the
+messages arrive, and reading stops at the first message past a limit.
+"""
+import math
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.proto import runtime_pb2
+from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
+from pydantic.v1 import BaseModel, Extra, StrictStr, ValidationError, conint, conlist, validator
+
+from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.limits import FRAME_PART_BYTES, MAX_FRAME_BYTES, MAX_FRAME_HEADER_BYTES
+
+__all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decode_frame", "encode_frame",
+           "read_frame"]
+
+FrameKind = Literal["activations", "gradients"]
+
+_WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# hivemind sends bf16 as fp32 by default (USE_LEGACY_BFLOAT16=1), as raw bf16 otherwise; a receiver accepts both
+_WIRE_BYTES_PER_VALUE = {"float32": (4,), "float16": (2,), "bfloat16": (2, 4)}
+_MAX_DIMS = 8
+
+
+class FrameError(RejectedInput):
+    """A frame from a peer that this stage refuses; the stage keeps running."""
+
+
+class VersionMismatch(FrameError):
+    """A frame for another assignment version: the sender or the receiver has not yet seen the latest plan."""
+
+
+class FrameHeader(BaseModel):
+    """Where a tensor belongs in training, and its shape and dtype, checked before its bytes are used."""
+
+    kind: FrameKind
+    assignment_version: conint(strict=True, ge=0)
+    step: conint(strict=True, ge=0)
+    micro_batch: conint(strict=True, ge=0)
+    pipeline: conint(strict=True, ge=0)
+    shape: conlist(conint(strict=True, ge=0), max_items=_MAX_DIMS)
+    dtype: StrictStr
+
+    class Config:
+        extra = Extra.forbid
+        allow_mutation = False
+
+    @validator("dtype")
+    def _known_dtype(cls, dtype: str) -> str:
+        if dtype not in _WIRE_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(_WIRE_DTYPES)}")
+        return dtype
+
+    @classmethod
+    def for_tensor(
+        cls, tensor: torch.Tensor, *, kind: FrameKind, assignment_version: int, step: int, micro_batch: int,
+        pipeline: int,
+    ) -> "FrameHeader":
+        """The header of ``tensor``: its shape and dtype, with the given tags."""
+        return cls(kind=kind, assignment_version=assignment_version, step=step, micro_batch=micro_batch,
+                   pipeline=pipeline, shape=list(tensor.shape), dtype=_dtype_name(tensor.dtype))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Expectation:
+    """What a receiver will accept; ``None`` leaves a tag unchecked (the caller matches it to its own queues)."""
+
+    kind: FrameKind
+    assignment_version: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    step: int | None = None
+    pipeline: int | None = None
+    micro_batches: int | None = None
+    """Micro-batches per step: a frame's micro_batch must be below it."""
+
+    def reason_to_reject(self, header: FrameHeader) -> FrameError | None:
+        """The first way ``header`` differs from this expectation, or None when it matches."""
+        if header.assignment_version != self.assignment_version:
+            return VersionMismatch(f"frame is for assignment version {header.assignment_version}, "
+                                   f"this stage runs version {self.assignment_version}")
+        mismatches = [
+            ("kind", header.kind, self.kind),
+            ("step", header.step, self.step),
+            ("pipeline", header.pipeline, self.pipeline),
+            ("shape", header.shape, list(self.shape)),
+            ("dtype", header.dtype, _dtype_name(self.dtype)),
+        ]
+        for name, got, wanted in mismatches:
+            if wanted is not None and got != wanted:
+                return FrameError(f"frame has {name} {got}, expected {wanted}")
+        if self.micro_batches is not None and header.micro_batch >= self.micro_batches:
+            return FrameError(f"frame has micro_batch {header.micro_batch}, but a step has {self.micro_batches}")
+        return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def encode_frame(
+    header: FrameHeader, tensor: torch.Tensor, *, part_size_bytes: int = FRAME_PART_BYTES
+) -> list[runtime_pb2.ExpertRequest]:
+    """The messages that carry ``tensor`` under ``header``; the tensor may live on any device."""
+    if header.shape != list(tensor.shape) or header.dtype != _dtype_name(tensor.dtype):
+        raise ValueError(f"header says {header.dtype} {header.shape}, tensor is {tensor.dtype} {list(tensor.shape)}")
+    serialized = serialize_torch_tensor(tensor.detach().cpu())  # hivemind serializes CPU tensors only
+    parts = list(split_for_streaming(serialized, part_size_bytes))
+    first = runtime_pb2.ExpertRequest(metadata=header.json().encode(), tensors=parts[:1])
+    return [first, *(runtime_pb2.ExpertRequest(tensors=[part]) for part in parts[1:])]
+
+
+class _FrameReader:
+    """Checks a frame message by message, so a bad or oversized frame is refused before the rest is read."""
+
+    def __init__(self, expected: Expectation, max_frame_bytes: int) -> None:
+        self.expected, self.max_frame_bytes = expected, max_frame_bytes
+        self.header: FrameHeader | None = None
+        self.parts: list[runtime_pb2.Tensor] = []
+        self.frame_bytes = 0
+        self.tensor_bytes = 0
+
+    def feed(self, message: runtime_pb2.ExpertRequest) -> None:
+        self.frame_bytes += message.ByteSize()
+        if self.frame_bytes > self.max_frame_bytes:
+            raise FrameError(f"frame exceeds {self.max_frame_bytes} bytes; stopped reading")
+        if self.header is None:
+            self.header = self._parse_header(message.metadata)
+        elif message.metadata:
+            raise FrameError("a message after the first carries a header")
+        if len(message.tensors) != 1:
+            raise FrameError(f"a frame message carries {len(message.tensors)} tensor parts instead of one")
+        part = message.tensors[0]
+        if self.parts and (part.dtype or part.size or not part.buffer):
+            raise FrameError("a message after the first starts a new tensor or carries no bytes")
+        self.parts.append(part)
+        if len(self.parts) > self._announced_parts():
+            raise FrameError(f"frame tensor came in more parts than the {self._announced_parts()} it announced")
+        self.tensor_bytes += len(part.buffer)
+        if self.tensor_bytes > self._max_tensor_bytes():
+            raise FrameError(f"frame carries over {self._max_tensor_bytes()} tensor bytes, "
+                             f"more than {self.header.dtype} {self.header.shape} needs; stopped reading")
+
+    def _parse_header(self, metadata: bytes) -> FrameHeader:
+        if not metadata:
+            raise FrameError("the first message of a frame carries no header")
+        if len(metadata) > MAX_FRAME_HEADER_BYTES:
+            raise FrameError(f"frame header of {len(metadata)} bytes is over {MAX_FRAME_HEADER_BYTES} bytes")
+        try:
+            header = FrameHeader.parse_raw(metadata)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise FrameError(f"malformed frame header: {problems}") from None
+        if reason := self.expected.reason_to_reject(header):
+            raise reason
+        return header
+
+    def _announced_parts(self) -> int:
+        return max(self.parts[0].chunks, 1)  # hivemind announces 0 chunks for an empty tensor, sent in one part
+
+    def _max_tensor_bytes(self) -> int:
+        return math.prod(self.header.shape) * max(_WIRE_BYTES_PER_VALUE[self.header.dtype])
+
+    def finish(self) -> tuple[FrameHeader, torch.Tensor]:
+        if self.header is None:
+            raise FrameError("the stream ended before a frame began")
+        first, numel = self.parts[0], math.prod(self.header.shape)
+        if first.compression != runtime_pb2.CompressionType.NONE:
+            raise FrameError(f"frame tensor uses compression {first.compression}; hetswarm sends NONE")
+        if first.dtype != self.header.dtype or list(first.size) != self.header.shape:
+            raise FrameError(f"frame tensor is {first.dtype} {list(first.size)}, "
+                             f"its header says {self.header.dtype} {self.header.shape}")
+        if len(self.parts) != self._announced_parts():
+            raise FrameError(f"frame tensor came in {len(self.parts)} parts, "
+                             f"its first part announced {self._announced_parts()}")
+        widths = _WIRE_BYTES_PER_VALUE[self.header.dtype]
+        if self.tensor_bytes not in {numel * width for width in widths}:
+            raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {self.header.dtype} "
+                             f"{self.header.shape} needs {' or '.join(str(numel * w) for w in widths)}")
+        return self.header, deserialize_torch_tensor(combine_from_streaming(self.parts))
+
+
+def decode_frame(
+    messages: Iterable[runtime_pb2.ExpertRequest], *, expected: Expectation, max_frame_bytes: int = MAX_FRAME_BYTES
+) -> tuple[FrameHeader, torch.Tensor]:
+    """The header and the CPU tensor of a frame whose messages are at hand.
+
+    Raises:
+        FrameError: the frame is malformed, oversized or not what ``expected`` says (VersionMismatch for a frame
+            of another assignment version).
+    """
+    reader = _FrameReader(expected, max_frame_bytes)
+    for message in messages:
+        reader.feed(message)
+    return reader.finish()
+
+
+async def read_frame(
+    stream: AsyncIterator[runtime_pb2.ExpertRequest], *, expected: Expectation, max_frame_bytes: int = MAX_FRAME_BYTES
+) -> tuple[FrameHeader, torch.Tensor]:
+    """``decode_frame`` for a stream handler: reads messages as they arrive and stops at the first bad one.
+
+    The caller bounds the wait (``asyncio.timeout``); a peer that stalls is not this function's to judge.
+    """
+    reader = _FrameReader(expected, max_frame_bytes)
+    async for message in stream:
+        reader.feed(message)
+    return reader.finish()

@@ -1,0 +1,126 @@
+"""Schemas of the three records a swarm keeps in the DHT: who is there, what the plan is, how training goes.
+
+Every node validates every record against these pydantic.v1 models with strict types (hivemind's
+SchemaValidator refuses any value that pydantic would have to convert), so a float where an int belongs, an
+unknown field or an out-of-range figure is refused on arrival, not discovered by the reader.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic.v1 as pydantic
+from pydantic.v1 import StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
+
+from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_PEERS_PER_ASSIGNMENT
+
+PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
+PeerState = Literal["joining", "ready", "training", "leaving"]
+
+_PeerIdStr = constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
+_Name = constr(strict=True, max_length=64)
+_NonNegative = confloat(strict=True, ge=0.0)
+
+
+class _Record(pydantic.BaseModel):
+    class Config:
+        extra = pydantic.Extra.forbid
+        allow_mutation = False
+
+
+class LinkMeasurement(_Record):
+    """One measured link, from the publisher to another peer."""
+
+    latency_ms: _NonNegative
+    """One-way latency, published as RTT / 2."""
+    bandwidth_mbps: confloat(strict=True, gt=0.0)
+    measured_at: StrictFloat
+    """hivemind DHT time of the measurement."""
+    samples: conint(strict=True, ge=1)
+
+
+class Hardware(_Record):
+    device: _Name
+    """torch device string the client trains on, e.g. "cuda:0" or "cpu"."""
+    device_name: constr(strict=True, max_length=128)
+    tflops: _NonNegative
+    dtype: Literal["bfloat16", "float16", "float32"]
+    """The dtype the TFLOPS figure was measured in."""
+    memory_gib: _NonNegative
+
+
+class PeerRecord(_Record):
+    """What a volunteer says about itself; refreshed every T/2 and expiring after T when it falls silent."""
+
+    peer_id: _PeerIdStr
+    maddrs: conlist(constr(strict=True, max_length=256), max_items=16)
+    version: _Name
+    hardware: Hardware
+    links: dict[_PeerIdStr, LinkMeasurement] = pydantic.Field(default_factory=dict)
+    state: PeerState
+    public_name: _Name | None = None
+    site: _Name | None = None
+    """Emulated site (--emulate ... --site NAME), None on real links."""
+    updated_at: StrictFloat
+
+    @pydantic.validator("links")
+    def _bounded_links(cls, links: dict) -> dict:
+        if len(links) > MAX_LINKS_PER_RECORD:
+            raise ValueError(f"{len(links)} links exceed the limit of {MAX_LINKS_PER_RECORD}")
+        return links
+
+
+class PeerRole(_Record):
+    stage: conint(strict=True, ge=0)
+    replica: conint(strict=True, ge=0)
+
+
+class Assignment(_Record):
+    """The plan every client follows, signed by the coordinator whose key the clients pinned."""
+
+    coordinator_id: _PeerIdStr
+    version: conint(strict=True, ge=1)
+    """Monotonic: a client never goes back to an older plan."""
+    model: dict[StrictStr, StrictInt | StrictStr]
+    """ModelConfig fields (hetswarm.coordinator.model_config)."""
+    d_pp: conint(strict=True, ge=1)
+    d_dp: conint(strict=True, ge=1)
+    stage_layers: list[conlist(StrictInt, min_items=2, max_items=2)]
+    roles: dict[_PeerIdStr, PeerRole]
+    pipelines: list[list[_PeerIdStr]]
+    """Pipeline i: the peer of each stage, in stage order."""
+    predicted_step_s: _NonNegative
+    breakdown: dict[StrictStr, StrictFloat]
+    micro_batches: conint(strict=True, ge=1)
+    step: conint(strict=True, ge=0)
+    """Optimizer step the plan starts at (learning-rate schedule position)."""
+    reason: constr(strict=True, max_length=256)
+    issued_at: StrictFloat
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _consistent(cls, values: dict) -> dict:
+        d_pp, d_dp, roles, pipelines = values["d_pp"], values["d_dp"], values["roles"], values["pipelines"]
+        if len(roles) > MAX_PEERS_PER_ASSIGNMENT:
+            raise ValueError(f"{len(roles)} peers exceed the limit of {MAX_PEERS_PER_ASSIGNMENT}")
+        if len(values["stage_layers"]) != d_pp or len(pipelines) != d_dp:
+            raise ValueError(f"expected {d_pp} stage layer ranges and {d_dp} pipelines")
+        for replica, chain in enumerate(pipelines):
+            if len(chain) != d_pp:
+                raise ValueError(f"pipeline {replica} has {len(chain)} peers, expected {d_pp}")
+            for stage, peer in enumerate(chain):
+                role = roles.get(peer)
+                if role is None or (role.stage, role.replica) != (stage, replica):
+                    raise ValueError(f"pipeline {replica} stage {stage}: {peer} has no matching role")
+        return values
+
+
+class Progress(_Record):
+    """A training client's latest step, for the monitor and the coordinator's measured-vs-predicted check."""
+
+    peer_id: _PeerIdStr
+    assignment_version: conint(strict=True, ge=0)
+    step: conint(strict=True, ge=0)
+    loss: StrictFloat
+    tokens_per_s: _NonNegative
+    compute_s: _NonNegative
+    wait_s: _NonNegative
+    updated_at: StrictFloat

@@ -1,0 +1,28 @@
+"""Shared fixtures: every child process a test starts is reaped, even when the test fails."""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+
+def reap_children(timeout_s: float = 5.0) -> list[int]:
+    """Terminates, then kills, every descendant of this process (hivemind's DHT outlives a killed parent)."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [child.pid for child in children]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reap_leftover_children():
+    yield
+    reap_children()

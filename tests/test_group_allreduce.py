@@ -1,0 +1,81 @@
+"""A stage group's all-reduce averages exactly, and a round that loses a member is reported, never used.
+
+Three real p2p daemons in this process, one ``StageGroup`` each, driven through hivemind's AllReduceRunner.
+Faults are members that misbehave in a chosen way: dead before the round, or alive but never joining it.
+"""
+import asyncio
+import enum
+
+import pytest
+import torch
+
+from hetswarm.client.group_allreduce import StageGroup
+from hetswarm.client.stage_errors import PartialAllReduce
+from tests.p2p_nodes import connected_p2ps
+
+SHAPES = [(40, 16), (16,), (7, 3, 5), (300,)]  # several tensors, as a stage's parameters are
+
+
+class Fault(enum.Enum):
+    NONE = enum.auto()
+    MEMBER_DEAD = enum.auto()
+    """Its daemon is gone before the round starts."""
+    MEMBER_SILENT = enum.auto()
+    """Its handlers answer, but it never starts the round (stuck in its backward pass, say)."""
+
+
+def _tensors(seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) for shape in SHAPES]
+
+
+async def _round(fault: Fault) -> tuple[list[list[torch.Tensor]], list[BaseException | None]]:
+    """Runs one round on the healthy members; returns their tensors afterwards and what each round raised."""
+    async with connected_p2ps(3) as p2ps:
+        members = [p2p.peer_id for p2p in p2ps]
+        groups = [StageGroup(p2p, members, namespace="ar-test_stage0_allreduce", round_tag="ar-test/v1/stage0",
+                             sender_timeout_s=1.0, reducer_timeout_s=2.0) for p2p in p2ps]
+        for group in groups:
+            await group.attach()
+        healthy = groups if fault is Fault.NONE else groups[:2]
+        if fault is Fault.MEMBER_DEAD:
+            await p2ps[2].shutdown()
+        tensors = [_tensors(seed) for seed in range(len(healthy))]
+        outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(healthy, tensors)),
+                                        return_exceptions=True)
+        return tensors, list(outcomes)
+
+
+@pytest.mark.timeout(60)
+def test_full_round_averages_with_equal_weights():
+    tensors, outcomes = asyncio.run(_round(Fault.NONE))
+    assert outcomes == [None, None, None]
+    for index in range(len(SHAPES)):
+        expected = torch.stack([_tensors(seed)[index] for seed in range(3)]).mean(0)
+        for local in tensors:
+            torch.testing.assert_close(local[index], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault", [Fault.MEMBER_DEAD, Fault.MEMBER_SILENT], ids=lambda fault: fault.name.lower())
+def test_round_with_a_lost_member_is_reported_and_leaves_tensors_untouched(fault):
+    tensors, outcomes = asyncio.run(_round(fault))
+    assert all(isinstance(outcome, PartialAllReduce) for outcome in outcomes), outcomes
+    assert all("partial" in str(outcome) or "failed" in str(outcome) for outcome in outcomes)
+    for seed, local in enumerate(tensors):
+        for got, original in zip(local, _tensors(seed)):
+            assert torch.equal(got, original)
+
+
+@pytest.mark.timeout(30)
+def test_a_group_of_one_keeps_its_tensors():
+    async def alone() -> list[torch.Tensor]:
+        async with connected_p2ps(1) as (p2p,):
+            local = _tensors(0)
+            group = StageGroup(p2p, [p2p.peer_id], namespace="ar-test_solo", round_tag="solo",
+                               sender_timeout_s=1.0, reducer_timeout_s=2.0)
+            await group.average(local, step=0)
+            return local
+
+    for got, original in zip(asyncio.run(alone()), _tensors(0)):
+        assert torch.equal(got, original)

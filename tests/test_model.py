@@ -1,0 +1,82 @@
+"""The torch model: parameter counts the cost model prices, and a deterministic init that any stage split shares."""
+import pytest
+import torch
+
+from hetswarm.client.model import StageModule, build_full_model, build_stage
+from hetswarm.coordinator.model_config import get_model_config
+
+TINY = get_model_config("tiny")
+
+
+def _meta_stages(config, d_pp):
+    """Stages without memory or init: enough to count parameters of any model size."""
+    with torch.device("meta"):
+        return [StageModule(config, layers, is_first=s == 0, is_last=s == d_pp - 1)
+                for s, layers in enumerate(config.stage_layers(d_pp))]
+
+
+@pytest.mark.parametrize("name, d_pp", [("tiny", 1), ("tiny", 3), ("small", 1), ("small", 4), ("gpt-1.3b", 8)])
+def test_parameter_counts_match_the_cost_model(name, d_pp):
+    config = get_model_config(name)
+    counts = [sum(p.numel() for p in stage.parameters()) for stage in _meta_stages(config, d_pp)]
+    assert counts == config.stage_params(d_pp)
+    assert sum(counts) == config.total_params
+
+
+def test_same_seed_gives_identical_replicas_and_another_seed_does_not():
+    first, second = build_stage(TINY, 1, 2, seed=7), build_stage(TINY, 1, 2, seed=7)
+    other = build_stage(TINY, 1, 2, seed=8)
+    for (name, a), b, c in zip(first.state_dict().items(), second.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b), name
+        if name.endswith("weight") and "ln_" not in name:  # LayerNorms and biases start equal on purpose
+            assert not torch.equal(a, c), name
+
+
+@pytest.mark.parametrize("d_pp", [2, 3, 4])
+def test_every_split_holds_the_parameters_of_the_full_model(d_pp):
+    full = build_full_model(TINY, seed=3).state_dict()
+    names = []
+    for s in range(d_pp):
+        for name, tensor in build_stage(TINY, s, d_pp, seed=3).state_dict().items():
+            assert torch.equal(tensor, full[name]), name
+            names.append(name)
+    assert sorted(names) == sorted(full)
+
+
+def test_chained_stages_compute_the_full_model():
+    tokens = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
+    x = tokens
+    for s in range(2):
+        x = build_stage(TINY, s, 2, seed=5)(x)
+    assert x.shape == (2, TINY.seq_len, TINY.vocab_size)
+    torch.testing.assert_close(x, build_full_model(TINY, seed=5)(tokens), rtol=0, atol=1e-6)
+
+
+def test_attention_is_causal():
+    model = build_full_model(TINY, seed=1)
+    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    changed = tokens.clone()
+    changed[0, 10] = (tokens[0, 10] + 1) % 256
+    before, after = model(tokens), model(changed)
+    torch.testing.assert_close(before[:, :10], after[:, :10])
+    assert not torch.allclose(before[:, 10:], after[:, 10:])
+
+
+def test_first_stage_refuses_hidden_states_and_overlong_sequences():
+    first = build_stage(TINY, 0, 2, seed=0)
+    with pytest.raises(ValueError, match="int64 tokens"):
+        first(torch.zeros(1, 4, TINY.d_model))
+    with pytest.raises(ValueError, match="int64 tokens"):
+        first(torch.zeros(1, TINY.seq_len + 1, dtype=torch.long))
+
+
+def test_stage_is_built_in_the_requested_dtype_from_the_same_numbers():
+    fp32, bf16 = build_stage(TINY, 1, 2, seed=2), build_stage(TINY, 1, 2, seed=2, dtype=torch.bfloat16)
+    for a, b in zip(fp32.parameters(), bf16.parameters()):
+        assert b.dtype == torch.bfloat16
+        assert torch.equal(a.to(torch.bfloat16), b)
+
+
+def test_bad_stage_index_is_refused():
+    with pytest.raises(ValueError, match="stage_index"):
+        build_stage(TINY, 2, 2, seed=0)
