@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 _PEER_LINE = re.compile(r"--initial-peers (\S+)")
+_COORDINATOR_LINE = re.compile(r"Coordinator peer id: (\S+)")
 
 
 def hetswarm_command(*args: str) -> list[str]:
@@ -115,6 +117,8 @@ class LocalSwarm:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="hetswarm-local-"))
         self.peers: list[PeerProcess] = []
         self.initial_peers: str | None = None
+        self.coordinator_id: str | None = None
+        """Peer id of the coordinator started by start_coordinator; snapshots show its assignment."""
 
     def __enter__(self) -> LocalSwarm:
         return self
@@ -137,22 +141,41 @@ class LocalSwarm:
         self.initial_peers = peer.wait_for(_PEER_LINE, timeout_s).group(1)
         return peer
 
+    def start_coordinator(self, name: str = "coordinator", *args: str, timeout_s: float = 60.0) -> PeerProcess:
+        """`hetswarm coordinator` as the swarm's first node (its identity kept in the workdir); `args` are its
+        options (--model, --dp, --pp, --min-peers, ...)."""
+        peer = self.start(name, "coordinator", "--host-maddrs", LOOPBACK, "--swarm", self.swarm,
+                          "--identity-path", str(self.workdir / f"{name}.key"), *args)
+        self.initial_peers = peer.wait_for(_PEER_LINE, timeout_s).group(1)
+        self.coordinator_id = peer.wait_for(_COORDINATOR_LINE, timeout_s).group(1)
+        return peer
+
     def start_client(self, name: str, *args: str) -> PeerProcess:
         if self.initial_peers is None:
-            raise HetswarmError("start the bootstrap node first")
+            raise HetswarmError("start the bootstrap node or the coordinator first")
         return self.start(name, "join", "--initial-peers", self.initial_peers, "--host-maddrs", LOOPBACK,
                           "--swarm", self.swarm, "--public-name", name,
                           "--identity-path", str(self.workdir / f"{name}.key"), *args)
 
     def snapshot(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """One `hetswarm monitor --once --json` snapshot, taken by a separate read-only process."""
+        pinned = ("--coordinator", self.coordinator_id) if self.coordinator_id else ()
         result = subprocess.run(
-            hetswarm_command("monitor", "--initial-peers", self.initial_peers, "--swarm", self.swarm, "--json"),
+            hetswarm_command("monitor", "--initial-peers", self.initial_peers, "--swarm", self.swarm, "--json", *pinned),
             capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
         )
         if result.returncode != 0:
             raise HetswarmError(f"monitor failed ({result.returncode}): {result.stderr[-2000:]}")
         return json.loads(result.stdout)
+
+    def poll(self, done: Callable[[dict[str, Any]], bool], timeout_s: float, interval_s: float = 1.0) -> dict[str, Any]:
+        """Snapshots until `done(snapshot)` holds or the time is up; the last snapshot is returned either way."""
+        deadline = time.monotonic() + timeout_s
+        snapshot = self.snapshot()
+        while not done(snapshot) and time.monotonic() < deadline:
+            time.sleep(interval_s)
+            snapshot = self.snapshot()
+        return snapshot
 
     def close(self) -> None:
         for peer in reversed(self.peers):

@@ -107,6 +107,8 @@ class SwarmNode:
     async def site_of(self, peer: PeerID) -> str | None:
         """A peer's emulated site; a peer not seen yet makes us read the records (at most once a second per peer)."""
         peer_id = peer.to_base58()
+        if peer_id in self.sites:
+            return self.sites[peer_id]  # known peers never wait behind another peer's lookup
         async with self._sites_lock:
             now = time.monotonic()
             if peer_id not in self.sites and now - self._looked_up_at.get(peer_id, -SITE_REFRESH_S) >= SITE_REFRESH_S:

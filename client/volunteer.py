@@ -2,21 +2,25 @@
 
 Three loops share one event loop and die together (asyncio.TaskGroup): the heartbeat refreshes the PeerRecord
 every T/2 with expiry T, so a silent peer disappears within T; the view reads everyone's records and wakes the
-prober when a new peer appears; the prober measures links, a bounded number per round.
+prober when a new peer appears; the prober measures links, a bounded number per round. With a pinned coordinator
+a fourth loop follows its assignments (client/assignment_follower.py), publishes the role at once and hands each
+newly accepted assignment to the training side through the `on_assignment` hook.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from hivemind.utils import get_dht_time
 
+from hetswarm.client.assignment_follower import AssignmentFollower
 from hetswarm.client.link_probe import ProbeConfig, ProbeServicer, measure_link
 from hetswarm.client.node import SwarmNode, peer_from_id
-from hetswarm.protocol.keys import PEERS_FIELD
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD
 from hetswarm.protocol.record_store import publish, read_records
-from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord, PeerState
+from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +39,37 @@ class VolunteerConfig:
     probe: ProbeConfig = ProbeConfig()
     public_name: str | None = None
     site: str | None = None
+    coordinator: str | None = None
+    """Peer id of the coordinator whose assignments this peer follows; None follows nobody."""
+    assignment_poll_s: float = 2.0
+    """How often the assignment key is read when following a coordinator."""
 
     def __post_init__(self) -> None:
+        if self.assignment_poll_s <= 0:
+            raise ValueError(f"assignment_poll_s must be positive, got {self.assignment_poll_s}")
         if self.ttl_s < 2 or self.view_interval_s <= 0 or self.max_probes_per_round < 1:
             raise ValueError(f"bad timing: ttl_s={self.ttl_s}, view_interval_s={self.view_interval_s}, "
                              f"max_probes_per_round={self.max_probes_per_round}")
 
 
+OnAssignment = Callable[[Assignment], Awaitable[None]]
+
+
 class Volunteer:
-    def __init__(self, node: SwarmNode, hardware: Hardware, config: VolunteerConfig):
+    """A peer's life in the swarm (module docstring).
+
+    Args:
+        on_assignment: awaited as a task with each newly accepted assignment of the pinned coordinator (never with
+            an older or equal version); the poll loop does not wait for it. Its failures are logged; tasks still
+            running when the volunteer stops are cancelled.
+    """
+
+    def __init__(self, node: SwarmNode, hardware: Hardware, config: VolunteerConfig, *,
+                 on_assignment: OnAssignment | None = None):
         self.node, self.hardware, self.config = node, hardware, config
+        self.follower = AssignmentFollower(config.coordinator, node.peer_id) if config.coordinator else None
+        self._on_assignment = on_assignment
+        self._hook_tasks: set[asyncio.Task] = set()
         self.state: PeerState = "joining"
         self.links: dict[str, LinkMeasurement] = {}
         self.peers: dict[str, PeerRecord] = {}
@@ -65,6 +90,8 @@ class Volunteer:
             state=self.state,
             public_name=self.config.public_name,
             site=self.config.site,
+            assignment_version=self.follower.current.version if self.follower and self.follower.current else None,
+            role=self.follower.role if self.follower else None,
             updated_at=get_dht_time(),
         )
 
@@ -80,14 +107,37 @@ class Volunteer:
         await self.publish_record()
         try:
             async with asyncio.TaskGroup() as tasks:
-                loops = [tasks.create_task(loop()) for loop in (self._heartbeat, self._watch, self._probe)]
+                loops = [self._heartbeat, self._watch, self._probe] + ([self._follow] if self.follower else [])
+                running = [tasks.create_task(loop()) for loop in loops]
                 await stop.wait()
-                for loop in loops:
-                    loop.cancel()
+                for task in running + list(self._hook_tasks):
+                    task.cancel()
         finally:
             self.state = "leaving"
             await self.publish_record()
             logger.info("Published `leaving`; goodbye")
+
+    async def _follow(self) -> None:
+        """Polls the assignment key; a newly accepted plan is published in our record and handed to the hook."""
+        while True:
+            try:
+                async with asyncio.timeout(max(self.config.assignment_poll_s, 10.0)):
+                    entries = await read_records(self.node.dht, self.node.config.swarm, ASSIGNMENT_FIELD, Assignment)
+            except TimeoutError:
+                logger.debug("Reading the assignment key timed out")
+                entries = {}
+            if (accepted := self.follower.consider(entries)) is not None:
+                await self.publish_record()
+                if self._on_assignment is not None:
+                    task = asyncio.create_task(self._on_assignment(accepted), name=f"assignment-v{accepted.version}")
+                    self._hook_tasks.add(task)
+                    task.add_done_callback(self._hook_done)
+            await asyncio.sleep(self.config.assignment_poll_s)
+
+    def _hook_done(self, task: asyncio.Task) -> None:
+        self._hook_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(f"on_assignment failed for {task.get_name()}", exc_info=task.exception())
 
     async def _heartbeat(self) -> None:
         while True:

@@ -48,6 +48,11 @@ class Hardware(_Record):
     memory_gib: _NonNegative
 
 
+class PeerRole(_Record):
+    stage: conint(strict=True, ge=0)
+    replica: conint(strict=True, ge=0)
+
+
 class PeerRecord(_Record):
     """What a volunteer says about itself; refreshed every T/2 and expiring after T when it falls silent."""
 
@@ -60,6 +65,10 @@ class PeerRecord(_Record):
     public_name: _Name | None = None
     site: _Name | None = None
     """Emulated site (--emulate ... --site NAME), None on real links."""
+    assignment_version: conint(strict=True, ge=1) | None = None
+    """Version of the pinned coordinator's plan this peer follows; None before it has accepted one."""
+    role: PeerRole | None = None
+    """This peer's (stage, replica) in that plan; None while a standby."""
     updated_at: StrictFloat
 
     @pydantic.validator("links")
@@ -69,18 +78,13 @@ class PeerRecord(_Record):
         return links
 
 
-class PeerRole(_Record):
-    stage: conint(strict=True, ge=0)
-    replica: conint(strict=True, ge=0)
-
-
 class Assignment(_Record):
     """The plan every client follows, signed by the coordinator whose key the clients pinned."""
 
     coordinator_id: _PeerIdStr
     version: conint(strict=True, ge=1)
     """Monotonic: a client never goes back to an older plan."""
-    model: dict[StrictStr, StrictInt | StrictStr]
+    model: dict[StrictStr, StrictInt | StrictStr | None]
     """ModelConfig fields (hetswarm.coordinator.model_config)."""
     d_pp: conint(strict=True, ge=1)
     d_dp: conint(strict=True, ge=1)
@@ -119,7 +123,8 @@ class Progress(_Record):
     peer_id: _PeerIdStr
     assignment_version: conint(strict=True, ge=0)
     step: conint(strict=True, ge=0)
-    loss: StrictFloat
+    loss: StrictFloat | None
+    """Mean token cross-entropy of the last step; only last-stage peers compute it."""
     tokens_per_s: _NonNegative
     compute_s: _NonNegative
     wait_s: _NonNegative

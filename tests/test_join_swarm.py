@@ -21,16 +21,6 @@ TTL_S = 10.0
 pytestmark = pytest.mark.timeout(300)
 
 
-def poll(swarm: LocalSwarm, done, timeout_s: float) -> dict:
-    """Snapshots until `done(snapshot)` holds; the last snapshot is returned either way."""
-    deadline = time.monotonic() + timeout_s
-    snapshot = swarm.snapshot()
-    while not done(snapshot) and time.monotonic() < deadline:
-        time.sleep(1.0)
-        snapshot = swarm.snapshot()
-    return snapshot
-
-
 def by_name(snapshot: dict) -> dict[str, dict]:
     return {peer["name"]: peer for peer in snapshot["peers"]}
 
@@ -49,7 +39,7 @@ def swarm(tmp_path_factory):
 def settled(swarm) -> dict:
     def everyone_measured(s: dict) -> bool:
         return s["counts"]["peers"] == len(SITES) and s["counts"]["pairs_measured"] == s["counts"]["pairs"]
-    return poll(swarm, everyone_measured, timeout_s=150)
+    return swarm.poll(everyone_measured, timeout_s=150)
 
 
 def test_monitor_lists_every_client_with_hardware_and_a_link_for_every_pair(settled):
@@ -72,7 +62,7 @@ def test_emulated_links_are_measured_within_ten_percent(settled):
 def test_a_client_stopped_with_sigint_shows_leaving_and_exits(swarm, settled):
     tokyo = next(p for p in swarm.peers if p.name == "tokyo")
     tokyo.signal(signal.SIGINT)
-    snapshot = poll(swarm, lambda s: by_name(s).get("tokyo", {}).get("state") == "leaving", timeout_s=TTL_S)
+    snapshot = swarm.poll(lambda s: by_name(s).get("tokyo", {}).get("state") == "leaving", timeout_s=TTL_S)
     assert by_name(snapshot)["tokyo"]["state"] == "leaving"
     assert tokyo.process.wait(timeout=20) == 0
     assert tokyo.alive_pids() == []
@@ -83,7 +73,7 @@ def test_a_killed_client_disappears_within_its_expiry(swarm, settled):
     london.remember_tree()
     london.process.kill()
     killed_at = time.monotonic()
-    snapshot = poll(swarm, lambda s: "london" not in by_name(s), timeout_s=TTL_S + 15)
+    snapshot = swarm.poll(lambda s: "london" not in by_name(s), timeout_s=TTL_S + 15)
     assert "london" not in by_name(snapshot)
     assert time.monotonic() - killed_at <= TTL_S + 15
     london.kill()  # its DHT child outlived it (notes/hivemind.md, pitfall 5)
