@@ -3,18 +3,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from hetswarm.client import join as processes
 from hetswarm.client.cli_options import (
-    AnnounceMaddrsOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt, SwarmOpt, VerboseOpt,
+    AnnounceMaddrsOpt, CoordinatorOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt, SwarmOpt, VerboseOpt,
     configure_logging, err_console,
 )
+from hetswarm.client.coordinator_cli import coordinator
+from hetswarm.client.demo_cli import demo
+from hetswarm.client.assignment_follower import check_coordinator_id
 from hetswarm.client.link_probe import ProbeConfig
 from hetswarm.client.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.client.schedule_cli import schedule
+from hetswarm.client.trainer import TrainerConfig, TrainingSetup
 from hetswarm.client.volunteer import VolunteerConfig
 from hetswarm.protocol.errors import HetswarmError
 
@@ -26,6 +31,8 @@ app = typer.Typer(
     help="Train foundation models on volunteered GPUs (DT-FM scheduling over a hivemind swarm).",
 )
 app.command()(schedule)
+app.command()(coordinator)
+app.command()(demo)
 
 LOCAL_ONLY = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -46,6 +53,14 @@ def join(
     bandwidth_scale: Annotated[float, typer.Option(help="With --emulate: multiply every bandwidth by this.")] = 1.0,
     ttl: Annotated[float, typer.Option(help="Seconds the peer record lives without a heartbeat.")] = 60.0,
     probe_bytes: Annotated[int, typer.Option(help="Most bytes streamed to a peer to measure bandwidth.")] = 8 * 2**20,
+    coordinator: CoordinatorOpt = None,
+    data: Annotated[Optional[Path], typer.Option(help="With --coordinator: text file or folder to train on "
+                                                      "(default: a built-in corpus).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="With --coordinator: stop training before this step "
+                                                          "and keep serving until Ctrl+C.")] = None,
+    seed: Annotated[int, typer.Option(help="With --coordinator: model and data seed, the same on every peer.")] = 0,
+    torch_threads: Annotated[Optional[int], typer.Option(help="Cap torch's CPU threads (several clients on "
+                                                              "one machine).")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Join a swarm as a volunteer: measure this GPU and the links to peers, publish them, and serve until Ctrl+C."""
@@ -57,11 +72,15 @@ def join(
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     volunteer_config = VolunteerConfig(ttl_s=ttl, view_interval_s=min(5.0, ttl / 4), public_name=public_name,
-                                       site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes))
+                                       site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes),
+                                       coordinator=check_coordinator_id(coordinator) if coordinator else None)
     emulation = processes.Emulation(scenario=emulate, site=site, bandwidth_scale=bandwidth_scale) if emulate else None
     if emulation is not None and site is None:
         raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
-    processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation)
+    training = TrainingSetup(data_path=data, seed=seed, torch_threads=torch_threads,
+                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl)) if coordinator else None
+    processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
+                   training=training)
 
 
 @app.command()
@@ -85,15 +104,20 @@ def monitor(
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
     json_output: JsonOpt = False,
     refresh: Annotated[float, typer.Option(help="Seconds between refreshes of the live view.")] = 2.0,
+    coordinator: CoordinatorOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Watch peers, their GPUs and the measured link matrix; --json prints one snapshot for scripts."""
+    """Watch peers, their GPUs, the link matrix and the current assignment; --json prints one snapshot for scripts.
+
+    The assignment shown is the pinned --coordinator's, or else the newest version anyone published.
+    """
     configure_logging(verbose)
     if not initial_peers:
         raise HetswarmError("give --initial-peers of a peer in the swarm")
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(LOCAL_ONLY),
                              client_mode=True)
-    processes.monitor(node_config, once=once or json_output, as_json=json_output, refresh_s=refresh)
+    processes.monitor(node_config, once=once or json_output, as_json=json_output, refresh_s=refresh,
+                      coordinator=check_coordinator_id(coordinator) if coordinator else None)
 
 
 def main() -> None:

@@ -37,3 +37,6 @@ IdentityPathOpt = Annotated[
     Optional[Path], typer.Option("--identity-path", help="libp2p identity file (RSA); created if missing.")
 ]
 SwarmOpt = Annotated[str, typer.Option("--swarm", help="Swarm name; one DHT can hold several swarms.")]
+CoordinatorOpt = Annotated[
+    Optional[str], typer.Option("--coordinator", help="Peer id of the coordinator to trust (its `Coordinator peer id:` line).")
+]

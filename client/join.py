@@ -15,6 +15,7 @@ from hetswarm.client.hardware import probe_hardware, resolve_device
 from hetswarm.client.monitor import read_snapshot, render
 from hetswarm.client.node import NodeConfig, SwarmNode, identity_for, initial_peers_line
 from hetswarm.client.process import run_until_signal, start_dht_for_process
+from hetswarm.client.trainer import TrainingSetup
 from hetswarm.client.volunteer import Volunteer, VolunteerConfig
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ def announce(line: str) -> None:
 
 
 def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: str | None, throughput: str,
-         emulation: Emulation | None) -> None:
+         emulation: Emulation | None, training: TrainingSetup | None = None) -> None:
+    """Serves as a volunteer until Ctrl+C; with `training`, trains the stage of every accepted assignment."""
     site_links = emulation.site_links() if emulation else None  # fail on a bad scenario before starting anything
     torch_device = resolve_device(device)
     identity = identity_for(node_config)
@@ -53,9 +55,13 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                                           site=emulation.site if emulation else None)
             announce(f"Joined swarm {node_config.swarm!r} as {node.peer_id}. Others can join with: "
                      f"{node.initial_peers_line}")
+            trainer = training.build(node, torch_device) if training else None
             try:
-                await Volunteer(node, hardware, volunteer_config).run(stop)
+                await Volunteer(node, hardware, volunteer_config,
+                                on_assignment=trainer.follow if trainer else None).run(stop)
             finally:
+                if trainer is not None:
+                    await trainer.close()
                 await node.p2p.shutdown()
 
         run_until_signal(serve)
@@ -74,16 +80,17 @@ def bootstrap(node_config: NodeConfig) -> None:
         dht.shutdown()
 
 
-def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0) -> None:
+def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0,
+            coordinator: str | None = None) -> None:
     """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C."""
     dht = start_dht_for_process(node_config, identity_for(node_config))
     try:
         async def first_snapshot() -> dict:
             deadline = asyncio.get_running_loop().time() + settle_s
-            snapshot = await read_snapshot(dht, node_config.swarm)
+            snapshot = await read_snapshot(dht, node_config.swarm, coordinator=coordinator)
             while not snapshot["peers"] and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.5)  # a fresh node may not have found its neighbours yet
-                snapshot = await read_snapshot(dht, node_config.swarm)
+                snapshot = await read_snapshot(dht, node_config.swarm, coordinator=coordinator)
             return snapshot
 
         if once:
@@ -101,7 +108,7 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=refresh_s)
                     except TimeoutError:
-                        live.update(render(await read_snapshot(dht, node_config.swarm)))
+                        live.update(render(await read_snapshot(dht, node_config.swarm, coordinator=coordinator)))
 
         run_until_signal(watch)
     finally:

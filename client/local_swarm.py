@@ -128,7 +128,7 @@ class LocalSwarm:
 
     def start(self, name: str, *args: str) -> PeerProcess:
         log_path = self.workdir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="240")  # log lines unwrapped, for people and tests
         with open(log_path, "wb") as log:
             process = subprocess.Popen(hetswarm_command(*args), stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env)

@@ -12,12 +12,14 @@ from rich.table import Table
 from hetswarm.client.cli_options import JsonOpt, VerboseOpt, configure_logging, console, err_console
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.model_config import MODEL_PRESETS, get_model_config
+from hetswarm.coordinator.live_cost import predict_step_s
+from hetswarm.coordinator.model_config import MODEL_PRESETS, load_model_config
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig, SearchProgress
+from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.errors import RejectedInput
 
 PAPER_MODEL = "paper-gpt3-xl"
@@ -29,7 +31,8 @@ def schedule(
     scenario: Annotated[str, typer.Option(help=f"Scenario ({', '.join(SCENARIOS)}, case1…case5) or a JSON file.")],
     dp: Annotated[int | None, typer.Option("--dp", help="D_DP: pipelines (devices per stage group).")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="D_PP: pipeline stages.")] = None,
-    model: Annotated[str, typer.Option(help=f"Model preset for payloads: {', '.join(MODEL_PRESETS)}.")] = PAPER_MODEL,
+    model: Annotated[str, typer.Option(help=f"Model for payloads: {', '.join(MODEL_PRESETS)} or a JSON file "
+                                            "(a saved plan's model).")] = PAPER_MODEL,
     dp_bytes: Annotated[float | None, typer.Option(help="c_DP in bytes (with --pp-bytes, instead of --model).")] = None,
     pp_bytes: Annotated[float | None, typer.Option(help="c_PP in bytes (with --dp-bytes, instead of --model).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search and the baselines.")] = 0,
@@ -45,7 +48,9 @@ def schedule(
 
     Prints the plan grid (stage × replica, with site names), its cost breakdown and bottleneck link, and a
     comparison with random placement, default (device-order) placement and the paper's GA. A 64-device
-    scenario defaults to the paper's setting: 8 × 8 tasklets of GPT-3 XL (`paper-gpt3-xl`).
+    scenario defaults to the paper's setting: 8 × 8 tasklets of GPT-3 XL (`paper-gpt3-xl`). A plan saved by
+    `hetswarm coordinator --save-plan` is a scenario too, with the peers' TFLOPS and memory: then the live cost
+    model's predicted step time is reported as well (`predicted_step_s`).
     """
     configure_logging(verbose)
     network = load_network(scenario)
@@ -73,6 +78,10 @@ def schedule(
         "plan": result.plan.to_dict(),
         "baselines": comparison,
     }
+    hardware = load_hardware(scenario) if dp_bytes is None else None
+    if hardware is not None:
+        live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1])
+        report |= {"predicted_step_s": live.total_s, "breakdown": live.to_dict()}
     if plot is not None:
         _plot(network, result.plan, plot)
     if json_output:
@@ -102,7 +111,7 @@ def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_d
     try:
         if dp_bytes is not None:
             return Payloads(dp_bytes=dp_bytes, pp_bytes=pp_bytes)
-        return Payloads.from_model(get_model_config(model), d_dp=d_dp, d_pp=d_pp)
+        return Payloads.from_model(load_model_config(model), d_dp=d_dp, d_pp=d_pp)
     except ValueError as e:
         raise RejectedInput(str(e)) from None
 
@@ -132,6 +141,9 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
     console.print(f"cost {breakdown.total_s:.3f} s = DataP {breakdown.data_parallel_s:.3f} s + 2·PipeP "
                   f"{breakdown.pipeline_parallel_s:.3f} s  (search {report['search']['elapsed_s']:.2f} s, "
                   f"stopped by {report['search']['stopped_by']})")
+    if "predicted_step_s" in report:
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in report["breakdown"].items() if k != "step_s")
+        console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts})")
     if plan.bottleneck is not None:
         link = plan.bottleneck
         a, b = link.devices

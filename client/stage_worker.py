@@ -225,6 +225,7 @@ async def start_stage(
                        round_tag=f"{swarm}/v{assignment.version}/stage{role.stage}",
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s)
 
+    links.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
     await group.attach()  # before the links: a peer that answers a ping then serves both
     await links.attach()
     await links.wait_for([peer for peer in (previous, following, *members) if peer], config.start_timeout_s)

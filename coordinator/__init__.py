@@ -11,6 +11,11 @@
  * baselines.py    - random and default (device-order) placement
  * plan.py         - Plan (stage × replica grid), cost_plan, plan_from_partition
  * scheduler.py    - find_plan: network + payloads in, deployable plan out
+ * live_cost.py    - the live cost model: paper communication + per-peer compute + GPipe bubble, memory limits
+ * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
+ * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
+ * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
+                     not re-exported here, so that the scheduler imports without it)
 """
 from hetswarm.coordinator.cost_model import CostBreakdown, CostEvaluator, PaperCostModel, Payloads
 from hetswarm.coordinator.network import InvalidNetwork, Network, load_network

@@ -5,7 +5,9 @@ Pure Python: the scheduler and the coordinator price a model without importing t
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 _DTFM_REFERENCE_SEQ_LEN = 2024
@@ -145,3 +147,16 @@ def get_model_config(name: str, **overrides: Any) -> ModelConfig:
     except KeyError:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(sorted(MODEL_PRESETS))}") from None
     return replace(config, **overrides) if overrides else config
+
+
+def load_model_config(name_or_path: str, **overrides: Any) -> ModelConfig:
+    """A preset by name, or the config in a JSON file: ModelConfig fields, or a saved plan's `model` entry."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        return get_model_config(name_or_path, **overrides)
+    try:
+        data = json.loads(path.read_text())
+        data = data.get("model", data) if isinstance(data, dict) else data
+        return replace(ModelConfig.from_dict(data), **overrides)
+    except (OSError, json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"{path} does not hold a model config ({type(e).__name__}: {e})") from None

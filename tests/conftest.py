@@ -7,7 +7,11 @@ import pytest
 
 def reap_children(timeout_s: float = 5.0) -> list[int]:
     """Terminates, then kills, every descendant of this process (hivemind's DHT outlives a killed parent)."""
-    children = psutil.Process().children(recursive=True)
+    me = psutil.Process()
+    # torch's shared-memory manager (hivemind sets the file_system sharing strategy) serves this process until it
+    # exits; killing it first makes the interpreter abort at exit with "Broken pipe".
+    children = [child for child in me.children(recursive=True)
+                if not (child.ppid() == me.pid and _name(child) == "torch_shm_manager")]
     for child in children:
         try:
             child.terminate()
@@ -20,6 +24,13 @@ def reap_children(timeout_s: float = 5.0) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return [child.pid for child in children]
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 @pytest.fixture(scope="session", autouse=True)

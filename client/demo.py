@@ -1,0 +1,332 @@
+"""`hetswarm demo`: a whole swarm on one machine that measures, schedules, trains, and checks its own prediction.
+
+A bootstrap node and N clients start as separate processes on 127.0.0.1, their links emulated from the DT-FM
+world-wide scenario (two clients per region, so a plan can keep each stage group inside a region). Once every
+link is measured, a coordinator joins and publishes a plan; the clients train it while this process watches
+their Progress records through its own read-only DHT node. A plan is then replaced by the next one asked for
+(`random` by default) on the same clients and links: the coordinator restarts with the same identity, so the
+clients' pinned key still holds and the versions keep growing. Each phase's measured step time is the median,
+over the peers, of (time of the last step − time of the first step after warm-up) / steps between them, from the
+Progress records' timestamps; its predicted step time is the assignment's.
+
+Every process is started through LocalSwarm and reaped by PID in `finally`, on Ctrl+C too.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from hetswarm.client.local_swarm import LOOPBACK, LocalSwarm
+from hetswarm.client.node import NodeConfig, identity_for
+from hetswarm.client.process import start_dht_for_process
+from hetswarm.coordinator.model_config import MODEL_PRESETS
+from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
+from hetswarm.protocol.record_store import read_records
+from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+
+__all__ = ["DemoConfig", "PhaseResult", "REGIONS", "run_swarm", "summary_lines"]
+
+logger = logging.getLogger(__name__)
+
+REGIONS = ("Oregon", "Tokyo", "Frankfurt", "Seoul", "Virginia", "London", "Ohio", "Ireland")
+"""World-wide scenario regions, in the order clients fill them, two clients per region."""
+CLIENTS_PER_REGION = 2
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoConfig:
+    """One demo or benchmark run: the swarm, and the plans it trains one after the other."""
+
+    clients: int = 8
+    dp: int = 2
+    """Pipelines; the stages are clients // dp."""
+    model: str = "tiny"
+    placements: tuple[str, ...] = ("scheduled", "random")
+    """Plans trained in turn on the same clients; the first is the one the loss curve is reported for."""
+    steps: tuple[int, ...] = (20, 10)
+    """Measured steps per placement, after the warm-up."""
+    warmup_steps: int = 2
+    scenario: str = "worldwide"
+    bandwidth_scale: float = 0.005
+    """Emulated bandwidths × this, so that a tiny model's traffic outweighs its compute on a shared CPU."""
+    seed: int = 0
+    time_budget_s: float = 2.0
+    workdir: Path | None = None
+    start_timeout_s: float = 180.0
+    """For the clients to come up and measure every link, and for each plan to reach its first step."""
+    step_timeout_s: float = 60.0
+    """Most seconds any one step may take before the run is given up."""
+
+    def __post_init__(self) -> None:
+        if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
+            raise ValueError(f"clients ({self.clients}) must be a multiple of dp ({self.dp}), at least 2")
+        if self.clients > CLIENTS_PER_REGION * len(REGIONS):
+            raise ValueError(f"at most {CLIENTS_PER_REGION * len(REGIONS)} clients, got {self.clients}")
+        if self.model not in MODEL_PRESETS:
+            raise ValueError(f"unknown model {self.model!r}; presets: {', '.join(MODEL_PRESETS)}")
+        if len(self.placements) != len(self.steps) or not self.placements:
+            raise ValueError(f"one step count per placement: {self.placements} vs {self.steps}")
+        for placement in self.placements:
+            if placement not in ("scheduled", "random", "default"):
+                raise ValueError(f"placement must be scheduled, random or default, got {placement!r}")
+        if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0:
+            raise ValueError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0; got {self.steps}, "
+                             f"{self.warmup_steps}, {self.bandwidth_scale}")
+
+    @property
+    def pp(self) -> int:
+        return self.clients // self.dp
+
+    def sites(self) -> list[tuple[str, str]]:
+        """(client name, region) of every client."""
+        return [(f"{REGIONS[i // CLIENTS_PER_REGION].lower()}-{i % CLIENTS_PER_REGION + 1}",
+                 REGIONS[i // CLIENTS_PER_REGION]) for i in range(self.clients)]
+
+
+@dataclass
+class PhaseResult:
+    """One plan's run: what was predicted, what was measured, and the losses seen."""
+
+    placement: str
+    version: int
+    predicted_step_s: float
+    breakdown: dict[str, float]
+    first_step: int
+    measured_step_s: float | None = None
+    compute_s: float | None = None
+    wait_s: float | None = None
+    losses: dict[int, float] = field(default_factory=dict)
+    """Step → mean loss of the last-stage peers that reported it."""
+
+    @property
+    def error(self) -> float | None:
+        """Measured relative to predicted: +0.1 means 10 % slower than predicted."""
+        return None if self.measured_step_s is None else self.measured_step_s / self.predicted_step_s - 1
+
+
+class _Watch:
+    """What this process has seen of the swarm through its read-only DHT node."""
+
+    def __init__(self, dht, swarm: str, coordinator_id: str) -> None:
+        self.dht, self.swarm, self.coordinator_id = dht, swarm, coordinator_id
+        self.peers: dict[str, PeerRecord] = {}
+        self.assignment: Assignment | None = None
+        self.history: dict[tuple[str, int, int], Progress] = {}
+        """(peer, assignment version, step) → its Progress record."""
+        self.latest: dict[str, Progress] = {}
+        self.status = "starting"
+        self.phases: list[PhaseResult] = []
+
+    async def refresh(self) -> None:
+        self.peers = await read_records(self.dht, self.swarm, PEERS_FIELD, PeerRecord)
+        self.assignment = (await read_records(self.dht, self.swarm, ASSIGNMENT_FIELD, Assignment)).get(
+            self.coordinator_id, self.assignment)
+        for peer, record in (await read_records(self.dht, self.swarm, PROGRESS_FIELD, Progress)).items():
+            self.history.setdefault((peer, record.assignment_version, record.step), record)
+            self.latest[peer] = record
+
+    def links_measured(self) -> tuple[int, int]:
+        ids = [p for p, r in self.peers.items() if r.state != "leaving"]
+        measured = {frozenset((src, dst)) for src in ids for dst in self.peers[src].links if dst in ids}
+        return len(measured), len(ids) * (len(ids) - 1) // 2
+
+    def steps_of(self, version: int) -> dict[str, list[Progress]]:
+        by_peer: dict[str, list[Progress]] = {}
+        for (peer, v, _), record in sorted(self.history.items()):
+            if v == version:
+                by_peer.setdefault(peer, []).append(record)
+        return by_peer
+
+
+def measured_step_s(by_peer: dict[str, list[Progress]], *, from_step: int) -> float | None:
+    """Median over peers of the mean step period after `from_step`, from the records' publication times."""
+    periods = []
+    for records in by_peer.values():
+        kept = sorted((r for r in records if r.step >= from_step), key=lambda r: r.step)
+        if len(kept) >= 2 and kept[-1].step > kept[0].step:
+            periods.append((kept[-1].updated_at - kept[0].updated_at) / (kept[-1].step - kept[0].step))
+    return statistics.median(periods) if periods else None
+
+
+async def _wait(watch: _Watch, done: Callable[[], bool], timeout_s: float, what: str,
+                on_update: Callable[[_Watch], None]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await watch.refresh()
+        on_update(watch)
+        if done():
+            return
+        if time.monotonic() > deadline:
+            raise HetswarmError(f"the demo swarm did not {what} within {timeout_s:.0f} s")
+        await asyncio.sleep(_POLL_S)
+
+
+async def _run_phase(swarm: LocalSwarm, watch: _Watch, config: DemoConfig, placement: str, steps: int,
+                     coordinator_key: Path, on_update: Callable[[_Watch], None]) -> PhaseResult:
+    n = config.clients
+    watch.status = f"{placement} run: clients measure their links"
+    await _wait(watch, lambda: len(watch.peers) == n and watch.links_measured()[0] == n * (n - 1) // 2,
+                config.start_timeout_s, f"bring up {n} clients and measure every link", on_update)
+    watch.status = f"{placement} run: the coordinator plans"
+    swarm.start(
+        "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,
+        "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
+        "--dp", str(config.dp), "--pp", str(config.pp), "--min-peers", str(n), "--plan", placement,
+        "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
+        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"))
+    await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
+                on_update)
+    assignment = watch.assignment
+    phase = PhaseResult(placement=placement, version=assignment.version, first_step=assignment.step,
+                        predicted_step_s=assignment.predicted_step_s, breakdown=dict(assignment.breakdown))
+    watch.phases.append(phase)
+    watch.status = f"{placement} run: training"
+    last = assignment.step + config.warmup_steps + steps
+    reached = lambda: sum(1 for r in watch.steps_of(phase.version).values() if r[-1].step >= last) == n
+    await _wait(watch, reached, config.start_timeout_s + config.step_timeout_s * (last - assignment.step),
+                f"train {last - assignment.step} steps of the {placement} plan", on_update)
+    _measure(phase, watch, assignment, config.warmup_steps)
+    watch.status = f"{placement} run: done"
+    return phase
+
+
+def _measure(phase: PhaseResult, watch: _Watch, assignment: Assignment, warmup_steps: int) -> None:
+    by_peer = watch.steps_of(phase.version)
+    phase.measured_step_s = measured_step_s(by_peer, from_step=phase.first_step + warmup_steps)
+    kept = [r for records in by_peer.values() for r in records if r.step >= phase.first_step + warmup_steps]
+    phase.compute_s = statistics.median(r.compute_s for r in kept) if kept else None
+    phase.wait_s = statistics.median(r.wait_s for r in kept) if kept else None
+    last_stage = {p for p, role in assignment.roles.items() if role.stage == assignment.d_pp - 1}
+    for step in sorted({r.step for records in by_peer.values() for r in records}):
+        losses = [by_peer[p][i].loss for p in last_stage if p in by_peer
+                  for i in range(len(by_peer[p])) if by_peer[p][i].step == step and by_peer[p][i].loss is not None]
+        if losses:
+            phase.losses[step] = sum(losses) / len(losses)
+
+
+def run_swarm(config: DemoConfig, *, on_update: Callable[[_Watch], None] = lambda watch: None,
+              on_workdir: Callable[[Path], None] = lambda path: None) -> list[PhaseResult]:
+    """Trains every placement of `config` in turn, each on a fresh swarm of the same identities and sites (so
+    no plan inherits another's state or a half-finished switch), and reaps every process it started.
+
+    Raises:
+        HetswarmError: a process did not come up, or training did not progress in time (the logs are named).
+    """
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="hetswarm-demo-"))
+    on_workdir(workdir)
+    keys = workdir / "keys"
+    coordinator_id = peer_id_of(load_identity(keys / "coordinator.key").get_public_key())  # clients pin it first
+    phases: list[PhaseResult] = []
+    for placement, steps in zip(config.placements, config.steps):
+        swarm = LocalSwarm("demo", workdir=workdir / f"run-{placement}")
+        swarm.workdir.mkdir(parents=True, exist_ok=True)
+        dht = None
+        try:
+            swarm.start_bootstrap()
+            for name, region in config.sites():
+                load_identity(keys / f"{name}.key")
+                shutil.copy(keys / f"{name}.key", swarm.workdir / f"{name}.key")  # the same peer ids every run
+                swarm.start_client(
+                    name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
+                    str(config.bandwidth_scale), "--coordinator", coordinator_id, "--seed", str(config.seed),
+                    "--torch-threads", "1", "--ttl", "20")
+            node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
+                                     host_maddrs=(LOOPBACK,), client_mode=True)
+            dht = start_dht_for_process(node_config, identity_for(node_config))
+            watch = _Watch(dht, swarm.swarm, coordinator_id)
+            watch.phases = phases
+            asyncio.run(_run_phase(swarm, watch, config, placement, steps, keys / "coordinator.key", on_update))
+        finally:
+            _close(swarm, dht)
+    return phases
+
+
+def _close(swarm: LocalSwarm, dht) -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not cut the clean-up short
+    try:
+        for peer in swarm.peers:  # all leave at once; close() then waits for each and kills what is left
+            peer.signal(signal.SIGINT)
+        if dht is not None:
+            dht.shutdown()
+        swarm.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def render_watch(watch: _Watch) -> Group:
+    """The live view: what the swarm is doing, and one row per client."""
+    measured, pairs = watch.links_measured()
+    phase = watch.phases[-1] if watch.phases else None
+    header = f"[bold]{watch.status}[/bold] — {len(watch.peers)} peers, {measured}/{pairs} links measured"
+    if phase is not None:
+        header += f"; plan v{phase.version} ({phase.placement}) predicted {phase.predicted_step_s:.2f} s/step"
+    table = Table()
+    for column in ("client", "site", "stage·pipeline", "state", "step", "loss", "tokens/s", "compute s", "wait s"):
+        table.add_column(column, justify="left" if column in ("client", "site", "state") else "right")
+    roles = watch.assignment.roles if watch.assignment else {}
+    for peer, record in sorted(watch.peers.items(), key=lambda item: item[1].public_name or item[0]):
+        p = watch.latest.get(peer)
+        role = roles.get(peer)
+        table.add_row(record.public_name or peer[-6:], record.site or "", f"{role.stage}·{role.replica}" if role else "—",
+                      record.state, str(p.step) if p else "", f"{p.loss:.3f}" if p and p.loss is not None else "",
+                      f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
+                      f"{p.wait_s:.2f}" if p else "")
+    return Group(header, table)
+
+
+def summary_lines(phases: list[PhaseResult]) -> list[str]:
+    """The demo's closing lines: the loss curve, measured vs predicted step time, and the speed-up."""
+    lines = []
+    first = phases[0]
+    if first.losses:
+        steps = sorted(first.losses)
+        lines.append(f"Loss ({first.placement} plan): {first.losses[steps[0]]:.3f} at step {steps[0]} → "
+                     f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}")
+    for phase in phases:
+        measured = "n/a" if phase.measured_step_s is None else f"{phase.measured_step_s:.2f} s"
+        error = "" if phase.error is None else f" ({phase.error:+.0%} vs predicted)"
+        lines.append(f"{phase.placement.capitalize()} plan: measured {measured}/step, predicted "
+                     f"{phase.predicted_step_s:.2f} s/step{error}; compute {phase.compute_s or 0:.2f} s, "
+                     f"waiting {phase.wait_s or 0:.2f} s per step")
+    if len(phases) > 1 and all(p.measured_step_s for p in phases):
+        for other in phases[1:]:
+            lines.append(f"Speed-up of the {first.placement} plan over the {other.placement} plan: "
+                         f"{other.measured_step_s / first.measured_step_s:.2f}× measured, "
+                         f"{other.predicted_step_s / first.predicted_step_s:.2f}× predicted")
+    return lines
+
+
+def run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
+    """`hetswarm demo`: run_swarm with a live view, then the summary; says where the logs are either way."""
+    workdir: list[Path] = []
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up as Ctrl+C does
+    try:
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            phases = run_swarm(config, on_update=lambda watch: live.update(render_watch(watch)),
+                               on_workdir=workdir.append)
+        console.print()
+        for line in summary_lines(phases):
+            console.print(line)
+        return phases
+    finally:
+        if workdir:
+            console.print(f"Logs: {workdir[0]}")
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,248 @@
+"""Turning the swarm view into plans, and deciding when a new plan is worth a new assignment version.
+
+A proposal places D_DP × D_PP of the trainable peers (the rest stay standbys) with the scheduler, or with a
+baseline placement when the operator asks for one to compare, and prices the result with the live cost model.
+Degrees left to `auto` are chosen among the shapes the peers' memory allows (D_PP up to the model's layer count,
+D_DP as many pipelines as the peers fill), by the live model's predicted step time.
+
+The replanner publishes a new version when the set of trainable peers changed and then stayed put for the debounce
+time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
+predicted at least `improvement` faster than the current plan re-priced on the fresh measurements (hysteresis, so
+that measurement noise does not make the swarm thrash).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from hetswarm.coordinator.baselines import default_placement, random_placement
+from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.coordinator.plan import Plan, cost_plan
+from hetswarm.coordinator.scheduler import find_plan
+from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
+from hetswarm.protocol.records import PeerRecord
+
+__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "propose"]
+
+logger = logging.getLogger(__name__)
+
+Placement = Literal["scheduled", "random", "default"]
+_BYTES_PER_GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannerConfig:
+    model: ModelConfig
+    d_dp: int | None = None
+    """Pipelines; None chooses it (module docstring)."""
+    d_pp: int | None = None
+    """Stages; None chooses it."""
+    placement: Placement = "scheduled"
+    """`random` (one seeded random grid) and `default` (peer-id order) broadcast a baseline instead of the search's
+    plan, so that the measured step times of the three can be compared."""
+    search: SearchConfig = SearchConfig()
+    min_peers: int = 1
+    """The first plan waits for this many trainable peers; later ones follow membership while a plan fits."""
+    debounce_s: float = 5.0
+    """Membership must stay unchanged this long before a new version is published."""
+    measure_wait_s: float = 60.0
+    """After a membership change, wait up to this long for every link between the peers to be measured."""
+    improvement: float = 0.1
+    """On unchanged membership, a new plan must be predicted this fraction faster than the current one."""
+    reconsider_s: float = 30.0
+    """How often fresh measurements are checked for a clearly better plan."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_dp", "d_pp"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive or auto, got {getattr(self, name)}")
+        if self.d_pp is not None and self.d_pp > self.model.n_layers:
+            raise ValueError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
+        if self.placement not in ("scheduled", "random", "default"):
+            raise ValueError(f"placement must be scheduled, random or default, got {self.placement!r}")
+        if (self.min_peers < 1 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
+                or not 0 <= self.improvement < 1):
+            raise ValueError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
+                             f"measure_wait_s={self.measure_wait_s}, reconsider_s={self.reconsider_s}, "
+                             f"improvement={self.improvement} (want [0, 1))")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proposal:
+    """A priced plan over some peers of the swarm; device i of the plan is `view.peer_ids[i]`."""
+
+    view: SwarmView
+    """The placed peers and the matrices the plan was made on."""
+    plan: Plan
+    live: LiveBreakdown
+    model: ModelConfig
+    standbys: tuple[str, ...] = ()
+
+    @property
+    def peers(self) -> frozenset[str]:
+        """Every peer the proposal speaks for, placed or standby."""
+        return frozenset(self.view.peer_ids) | frozenset(self.standbys)
+
+    @property
+    def pipelines(self) -> list[list[str]]:
+        """Pipeline r: the peer id of each stage, in stage order."""
+        return [[self.view.peer_ids[d] for d in column] for column in self.plan.pipelines]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plan.to_dict() plus the peers, the matrices it was made on, and the live prediction (JSON-ready)."""
+        return self.plan.to_dict() | self.view.to_dict() | {
+            "model": self.model.to_dict(),
+            "peers": list(self.view.peer_ids),
+            "standbys": list(self.standbys),
+            "predicted_step_s": self.live.total_s,
+            "breakdown": self.live.to_dict(),
+        }
+
+
+def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = frozenset()) -> Proposal:
+    """The best proposal over the shapes allowed; peers in `prefer` (the current plan's) are placed first.
+
+    Raises:
+        NoFeasiblePlan: no shape fits the peers' number and memory.
+    """
+    shapes = _shapes(view.n_peers, config)
+    budget = config.search.time_budget_s / max(len(shapes), 1)
+    best, refusals = None, []
+    for d_dp, d_pp in shapes:
+        need_gib = max(stage_memory_bytes(config.model, d_pp=d_pp, d_dp=d_dp)) / _BYTES_PER_GIB
+        fits = [p for p, memory in zip(view.peer_ids, view.memory_gib) if memory >= need_gib]
+        if len(fits) < d_dp * d_pp:
+            refusals.append(f"{d_dp}×{d_pp} needs {d_dp * d_pp} peers with {need_gib:.2f} GiB, {len(fits)} have it")
+            continue
+        tflops = dict(zip(view.peer_ids, view.tflops))
+        chosen = sorted(fits, key=lambda p: (p not in prefer, -tflops[p], p))[: d_dp * d_pp]
+        placed = view.subset(sorted(chosen))
+        search = replace(config.search, time_budget_s=budget)
+        plan = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search)
+        live = predict_step_s(plan, config.model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+        logger.debug(f"shape {d_dp}×{d_pp}: predicted {live.total_s:.3f} s")
+        if best is None or live.total_s < best.live.total_s:
+            standbys = tuple(p for p in view.peer_ids if p not in chosen)
+            best = Proposal(view=placed, plan=plan, live=live, model=config.model, standbys=standbys)
+    if not shapes:
+        refusals.append(f"D_DP={config.d_dp or 'auto'} × D_PP={config.d_pp or 'auto'} needs more peers")
+    if best is None:
+        raise NoFeasiblePlan(f"no plan fits {view.n_peers} peers: " + "; ".join(refusals))
+    return best
+
+
+def reprice(proposal: Proposal, view: SwarmView) -> Proposal:
+    """The same deployment priced on a fresher view of the same peers."""
+    placed = view.subset(list(proposal.view.peer_ids))
+    d_pp, d_dp = proposal.plan.grid.shape
+    paper = PaperCostModel(placed.network, Payloads.from_model(proposal.model, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp,
+                           d_pp=d_pp)
+    plan = cost_plan(paper, proposal.plan.grid)
+    live = predict_step_s(plan, proposal.model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+    return replace(proposal, view=placed, plan=plan, live=live)
+
+
+def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
+    """(d_dp, d_pp) candidates that use as many of `n_peers` as each number of stages allows."""
+    if config.d_dp is not None and config.d_pp is not None:
+        return [(config.d_dp, config.d_pp)] if config.d_dp * config.d_pp <= n_peers else []
+    if config.d_pp is not None:
+        return [(n_peers // config.d_pp, config.d_pp)] if n_peers >= config.d_pp else []
+    stages = range(1, min(config.model.n_layers, n_peers // (config.d_dp or 1)) + 1)
+    return list(dict.fromkeys((config.d_dp or n_peers // d_pp, d_pp) for d_pp in stages))
+
+
+def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,
+           search: SearchConfig) -> Plan:
+    payloads = Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp)
+    if placement == "scheduled":
+        return find_plan(view.network, payloads, d_dp=d_dp, d_pp=d_pp, config=search).plan
+    paper = PaperCostModel(view.network, payloads, d_dp=d_dp, d_pp=d_pp)
+    if placement == "random":
+        return random_placement(paper, samples=1, seed=search.seed)
+    return default_placement(paper)
+
+
+@dataclass
+class Replanner:
+    """Decides, from the peers' records, when to publish which plan; `current` is the last one published."""
+
+    config: PlannerConfig
+    current: Proposal | None = None
+    _members: frozenset[str] = frozenset()
+    _changed_at: float = -math.inf
+    _considered_at: float = -math.inf
+    _last_refusal: str = ""
+
+    def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
+        """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
+        members = frozenset(trainable_peers(records))
+        if members != self._members:
+            self._members, self._changed_at = members, now
+        if self.current is None and len(members) < self.config.min_peers:
+            self._refuse(f"Waiting for {self.config.min_peers} trainable peers, {len(members)} in view", logging.INFO)
+            return None
+        if self.current is not None and members == self.current.peers:
+            return self._reconsider(records, now)
+        if now - self._changed_at < self.config.debounce_s or not members:
+            return None
+        view = build_view(records)
+        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
+            self._refuse(f"Waiting for {len(view.estimated)} links to be measured", logging.INFO)
+            return None
+        if self.current is None:
+            reason = f"initial plan for {len(members)} peers"
+        else:
+            joined, left = members - self.current.peers, self.current.peers - members
+            reason = (f"membership changed: {len(joined)} joined {_short(joined)}, {len(left)} left {_short(left)}")
+        return self._propose(view, reason, now)
+
+    def _reconsider(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
+        if now - self._considered_at < self.config.reconsider_s:
+            return None
+        self._considered_at = now
+        view = build_view(records)
+        placed = view.subset(list(self.current.view.peer_ids))
+        if (np.array_equal(placed.network.latency_ms, self.current.view.network.latency_ms)
+                and np.array_equal(placed.network.bandwidth_gbps, self.current.view.network.bandwidth_gbps)
+                and np.array_equal(placed.tflops, self.current.view.tflops)):
+            return None
+        current = reprice(self.current, view).live.total_s
+        try:
+            fresh = propose(view, self.config, prefer=frozenset(self.current.view.peer_ids))
+        except NoFeasiblePlan as e:
+            self._refuse(f"Keeping the current plan: {e}")
+            return None
+        gain = 1 - fresh.live.total_s / current
+        if gain < self.config.improvement:
+            logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {current:.3f} s "
+                        f"now ({gain:+.1%}; the threshold is {self.config.improvement:.0%})")
+            return None
+        self.current = fresh
+        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s ({gain:.0%} faster)"
+
+    def _propose(self, view: SwarmView, reason: str, now: float) -> tuple[Proposal, str] | None:
+        prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
+        try:
+            proposal = propose(view, self.config, prefer=prefer)
+        except NoFeasiblePlan as e:
+            self._refuse(f"{reason}, but {e}")
+            return None
+        self.current, self._considered_at, self._last_refusal = proposal, now, ""
+        return proposal, reason
+
+    def _refuse(self, message: str, level: int = logging.WARNING) -> None:
+        if message != self._last_refusal:  # once per situation, not once per poll
+            self._last_refusal = message
+            logger.log(level, message)
+
+
+def _short(peers: frozenset[str]) -> str:
+    return "[" + ", ".join(sorted("…" + p[-6:] for p in peers)) + "]"

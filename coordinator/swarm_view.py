@@ -1,0 +1,152 @@
+"""The coordinator's view of the swarm: the peers that can train, and their measured network as matrices.
+
+Each pair of volunteers is measured by one of the two (client/volunteer.py), so the latency and bandwidth
+matrices are symmetric by construction; when both sides measured, the two figures are averaged. A pair nobody
+measured yet is estimated, never left at zero or infinity, and flagged with how it was estimated, in this order:
+
+ * `site`:    the median of measured links between the same two sites (emulated or declared sites);
+ * `peers`:   the two peers' other measured links: the larger median latency, the smaller median bandwidth;
+ * `swarm`:   the median of every measured link;
+ * `default`: nothing measured at all (DEFAULT_LATENCY_MS, DEFAULT_BANDWIDTH_MBPS).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetswarm.coordinator.network import Network
+from hetswarm.protocol.records import PeerRecord
+
+__all__ = ["SwarmView", "build_view", "load_hardware", "trainable_peers"]
+
+logger = logging.getLogger(__name__)
+
+TRAINABLE_STATES = ("ready", "training")
+DEFAULT_LATENCY_MS = 100.0
+DEFAULT_BANDWIDTH_MBPS = 100.0
+_MBPS_PER_GBPS = 1000.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwarmView:
+    """Peers in a fixed order (device index = position), their hardware, and the network between them."""
+
+    peer_ids: tuple[str, ...]
+    names: tuple[str | None, ...]
+    network: Network
+    tflops: np.ndarray
+    """(N,) measured TFLOPS."""
+    memory_gib: np.ndarray
+    """(N,) device memory."""
+    estimated: dict[tuple[int, int], str]
+    """(i, j) with i < j → how that unmeasured link was estimated (module docstring)."""
+
+    @property
+    def n_peers(self) -> int:
+        return len(self.peer_ids)
+
+    def subset(self, peer_ids: list[str]) -> SwarmView:
+        """The view of some of the peers, in the order given."""
+        index = [self.peer_ids.index(p) for p in peer_ids]
+        position = {old: new for new, old in enumerate(index)}
+        network = Network(latency_ms=self.network.latency_ms[np.ix_(index, index)],
+                          bandwidth_gbps=self.network.bandwidth_gbps[np.ix_(index, index)],
+                          sites=tuple(self.network.sites[i] for i in index), name=self.network.name)
+        estimated = {tuple(sorted((position[i], position[j]))): how
+                     for (i, j), how in self.estimated.items() if i in position and j in position}
+        return SwarmView(peer_ids=tuple(peer_ids), names=tuple(self.names[i] for i in index), network=network,
+                         tflops=self.tflops[index], memory_gib=self.memory_gib[index], estimated=estimated)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON in the scenario format, so `hetswarm schedule --scenario FILE` plans the same matrices."""
+        latency = self.network.latency_ms.copy()
+        bandwidth = self.network.bandwidth_gbps.copy()
+        np.fill_diagonal(bandwidth, 0.0)  # unused; JSON has no infinity
+        return {
+            "latency_ms_matrix": latency.tolist(),
+            "bandwidth_gbps_matrix": bandwidth.tolist(),
+            "devices": [{"id": i, "group": site, "peer_id": peer, "name": name, "tflops": float(tflops),
+                         "memory_gib": float(memory)}
+                        for i, (site, peer, name, tflops, memory) in enumerate(zip(
+                            self.network.sites, self.peer_ids, self.names, self.tflops, self.memory_gib))],
+            "estimated_links": [{"a": i, "b": j, "method": how} for (i, j), how in sorted(self.estimated.items())],
+        }
+
+
+def build_view(records: dict[str, PeerRecord], *, name: str = "swarm") -> SwarmView:
+    """The view of the peers whose record says they can train (ready or training, with a measured GPU).
+
+    Raises:
+        InvalidNetwork: no such peer (a network has at least one device).
+    """
+    peers = trainable_peers(records)
+    n = len(peers)
+    sites = [records[p].site or p for p in peers]
+    latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))  # bandwidth in Mbit/s until the end
+    measured = np.zeros((n, n), dtype=bool)
+    for i, a in enumerate(peers):
+        for j, b in enumerate(peers[i + 1:], start=i + 1):
+            links = [m for m in (records[a].links.get(b), records[b].links.get(a)) if m is not None]
+            if links:
+                latency[i, j] = latency[j, i] = float(np.mean([m.latency_ms for m in links]))
+                bandwidth[i, j] = bandwidth[j, i] = float(np.mean([m.bandwidth_mbps for m in links]))
+                measured[i, j] = measured[j, i] = True
+    estimated = _estimate_missing(latency, bandwidth, measured, sites)
+    network = Network(latency_ms=latency, bandwidth_gbps=bandwidth / _MBPS_PER_GBPS, sites=tuple(sites),
+                      name=name)
+    return SwarmView(
+        peer_ids=tuple(peers), names=tuple(records[p].public_name for p in peers), network=network,
+        tflops=np.array([records[p].hardware.tflops for p in peers]),
+        memory_gib=np.array([records[p].hardware.memory_gib for p in peers]), estimated=estimated,
+    )
+
+
+def trainable_peers(records: dict[str, PeerRecord]) -> list[str]:
+    """Peer ids, sorted, of the records that say their peer can train now."""
+    return sorted(p for p, r in records.items() if r.state in TRAINABLE_STATES and r.hardware.tflops > 0)
+
+
+def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.ndarray,
+                      sites: list[str]) -> dict[tuple[int, int], str]:
+    """Fills the unmeasured pairs in place from measured ones only, and says how each was filled."""
+    n = len(sites)
+    upper = np.triu(measured, 1)
+    by_sites: dict[frozenset, list[tuple[int, int]]] = {}
+    for i, j in np.argwhere(upper):
+        by_sites.setdefault(frozenset((sites[i], sites[j])), []).append((i, j))
+    estimated = {}
+    for i in range(n):
+        for j in range(i + 1, n):
+            if measured[i, j]:
+                continue
+            same_sites = by_sites.get(frozenset((sites[i], sites[j])), [])
+            own = measured[i] | measured[j]
+            if same_sites:
+                rows, cols = zip(*same_sites)
+                lat, bw, how = np.median(latency[rows, cols]), np.median(bandwidth[rows, cols]), "site"
+            elif own.any():
+                lat = max(np.median(latency[k, measured[k]]) for k in (i, j) if measured[k].any())
+                bw = min(np.median(bandwidth[k, measured[k]]) for k in (i, j) if measured[k].any())
+                how = "peers"
+            elif upper.any():
+                lat, bw, how = np.median(latency[upper]), np.median(bandwidth[upper]), "swarm"
+            else:
+                lat, bw, how = DEFAULT_LATENCY_MS, DEFAULT_BANDWIDTH_MBPS, "default"
+            latency[i, j] = latency[j, i] = lat
+            bandwidth[i, j] = bandwidth[j, i] = bw
+            estimated[i, j] = how
+    return estimated
+
+
+def load_hardware(path: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tflops, memory_gib) per device from a saved view or plan (SwarmView.to_dict); None for a scenario without."""
+    try:
+        devices = json.loads(Path(path).read_text())["devices"]
+        return (np.array([float(d["tflops"]) for d in devices]), np.array([float(d["memory_gib"]) for d in devices]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,19 @@
+"""Peer records made by hand, for tests of what the coordinator reads."""
+from __future__ import annotations
+
+from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
+
+IDS = [f"Qm{c * 44}" for c in "ABCDEFGHJK"]
+"""Valid, sorted peer ids."""
+
+
+def link(latency_ms: float, bandwidth_mbps: float) -> LinkMeasurement:
+    return LinkMeasurement(latency_ms=float(latency_ms), bandwidth_mbps=float(bandwidth_mbps), measured_at=0.0,
+                           samples=5)
+
+
+def record(peer: str, *, links: dict | None = None, site: str | None = None, state: str = "ready",
+           tflops: float = 1.0, memory_gib: float = 4.0) -> PeerRecord:
+    hardware = Hardware(device="cpu", device_name="test", tflops=tflops, dtype="float32", memory_gib=memory_gib)
+    return PeerRecord(peer_id=peer, maddrs=[], version="t", hardware=hardware, links=links or {}, state=state,
+                      site=site, updated_at=0.0)

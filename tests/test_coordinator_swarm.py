@@ -1,0 +1,205 @@
+"""A coordinator and eight `hetswarm join` processes on 127.0.0.1 under emulated world-wide links.
+
+The tests share one swarm (module fixture) and run in file order: every client follows the same assignment
+version and reports its role; the monitor shows the plan; the saved plan costs what `hetswarm schedule` gives on
+its matrices; a forged assignment and an unsound one are ignored; a killed client is planned out within its
+record's expiry plus the debounce; a new client is planned in; nothing is left running.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import hivemind
+import pytest
+from hivemind.utils import get_dht_time
+from rich.console import Console
+from typer.testing import CliRunner
+
+from hetswarm.client.cli import app
+from hetswarm.client.local_swarm import LOOPBACK, LocalSwarm
+from hetswarm.client.monitor import render
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, assignment_key
+from hetswarm.protocol.record_store import encode_record, owner_subkey, publish, read_records
+from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.signing import make_validators
+
+SWARM = "coordtest"
+SITES = {"oregon": "Oregon", "virginia": "Virginia", "ohio": "Ohio", "tokyo": "Tokyo", "seoul": "Seoul",
+         "london": "London", "frankfurt": "Frankfurt", "ireland": "Ireland"}  # 3 regions, 2+ sites each
+TTL_S, DEBOUNCE_S, SEED, PP = 10.0, 3.0, 0, 4
+pytestmark = pytest.mark.timeout(400)
+
+
+def client_args(site: str, coordinator_id: str) -> list[str]:
+    return ["--emulate", "worldwide", "--site", site, "--bandwidth-scale", "0.05", "--ttl", str(TTL_S),
+            "--coordinator", coordinator_id]
+
+
+def everyone_follows(count: int):
+    """Done when the coordinator's assignment is out and `count` live peers all report its version."""
+    def done(snapshot: dict) -> bool:
+        assignment = snapshot["assignment"]
+        peers = [p for p in snapshot["peers"] if p["state"] != "leaving"]
+        return (assignment is not None and len(peers) == count
+                and all(p["assignment_version"] == assignment["version"] for p in peers))
+    return done
+
+
+def roles_in(assignment: dict) -> dict[str, dict]:
+    return {peer["peer_id"]: {"stage": stage, "replica": replica}
+            for stage, row in enumerate(assignment["grid"]) for replica, peer in enumerate(row)}
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    with LocalSwarm(SWARM, workdir=tmp_path_factory.mktemp("coordinator")) as swarm:
+        swarm.start_coordinator("coordinator", "--model", "tiny", "--pp", str(PP), "--dp", "auto", "--min-peers",
+                                str(len(SITES)), "--debounce", str(DEBOUNCE_S), "--ttl", str(TTL_S), "--seed",
+                                str(SEED), "--time-budget", "5", "--reconsider", "20",
+                                "--save-plan", str(swarm.workdir / "plan.json"))
+        for name, site in SITES.items():
+            swarm.start_client(name, *client_args(site, swarm.coordinator_id))
+        yield swarm
+
+
+@pytest.fixture(scope="module")
+def settled(swarm) -> dict:
+    return swarm.poll(everyone_follows(len(SITES)), timeout_s=200, interval_s=2.0)
+
+
+def start_test_node(swarm, identity_path, signing_key) -> hivemind.DHT:
+    """A DHT node in the test process that signs records with `signing_key`."""
+    dht = hivemind.DHT(initial_peers=[swarm.initial_peers], host_maddrs=[LOOPBACK], identity_path=str(identity_path),
+                       record_validators=make_validators(SWARM, signing_key), start=False)
+    dht.run_in_background(await_ready=True, timeout=60)
+    return dht
+
+
+@pytest.fixture(scope="module")
+def test_nodes(swarm, tmp_path_factory):
+    """A forger (its own key) and a node that signs with the coordinator's key under another peer id; both stay up
+    so that what they stored stays reachable."""
+    folder = tmp_path_factory.mktemp("test-nodes")
+    forger_key = load_identity(folder / "forger.key")
+    coordinator_key = load_identity(swarm.workdir / "coordinator.key")
+    forger = start_test_node(swarm, folder / "forger.key", forger_key)
+    impostor = start_test_node(swarm, folder / "impostor.key", coordinator_key)
+    yield (forger, forger_key), (impostor, coordinator_key)
+    impostor.shutdown()
+    forger.shutdown()
+
+
+def test_every_client_follows_the_same_version_and_reports_its_role(swarm, settled):
+    assignment = settled["assignment"]
+    assert everyone_follows(len(SITES))(settled), settled["peers"]
+    assert assignment["coordinator_id"] == swarm.coordinator_id
+    assert (assignment["d_pp"], assignment["d_dp"]) == (PP, 2)
+    roles = roles_in(assignment)
+    assert len(roles) == len(SITES)
+    for peer in settled["peers"]:
+        assert peer["role"] == roles[peer["peer_id"]], peer
+    for client in swarm.peers[1:]:
+        assert re.search(r"Following assignment v\d+: stage \d, replica \d", client.output()), client.output()[-2000:]
+
+
+def test_the_monitor_shows_the_assignment(settled):
+    assignment = settled["assignment"]
+    assert {peer["site"] for row in assignment["grid"] for peer in row} == set(SITES.values())
+    assert [len(chain) for chain in assignment["pipelines"]] == [PP, PP]
+    assert assignment["bottleneck_link"]["time_s"] > 0 and assignment["predicted_step_s"] > 0
+    assert assignment["followers"] == len(SITES)
+    console = Console(record=True, width=200)
+    console.print(render(settled))
+    text = console.export_text()
+    for expected in (f"assignment v{assignment['version']}", "pipeline 1:", "bottleneck link", "predicted step"):
+        assert expected in text
+
+
+def test_the_saved_plan_costs_what_schedule_gives_on_the_same_matrix(swarm, settled):
+    path = swarm.workdir / "plan.json"
+    saved = json.loads(path.read_text())
+    assert saved["version"] >= settled["assignment"]["version"]
+    assert len(saved["latency_ms_matrix"]) == len(saved["peers"]) == len(SITES)
+    result = CliRunner().invoke(app, ["schedule", "--scenario", str(path), "--model", str(path), "--dp",
+                                      str(saved["d_dp"]), "--pp", str(saved["d_pp"]), "--seed", str(SEED),
+                                      "--time-budget", "5", "--no-baselines", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["cost"] == pytest.approx(saved["cost"], rel=1e-9)
+    assert report["predicted_step_s"] == pytest.approx(saved["predicted_step_s"], rel=1e-9)
+
+
+def test_a_forged_and_an_unsound_assignment_are_ignored_by_every_client(swarm, settled, test_nodes):
+    (forger_dht, forger_key), (impostor_dht, coordinator_key) = test_nodes
+    forger = peer_id_of(forger_key.get_public_key())
+
+    async def publish_bad_assignments() -> tuple[int, bool]:
+        real = (await read_records(impostor_dht, SWARM, ASSIGNMENT_FIELD, Assignment))[swarm.coordinator_id]
+        forged = real.copy(update={"coordinator_id": forger, "version": real.version + 100})
+        forged_stored = await publish(forger_dht, SWARM, ASSIGNMENT_FIELD, forged, private_key=forger_key, ttl_s=30)
+        # Signed by the coordinator's key but not a plan: layer ranges that do not cover the model. It outlives the
+        # coordinator's next refresh or two (the later expiry wins), so that every client's poll sees it.
+        unsound = encode_record(real.copy(update={"version": real.version + 50, "stage_layers": [[0, 1]] * PP}))
+        unsound_stored = await impostor_dht.store(assignment_key(SWARM), unsound, get_dht_time() + TTL_S + 8,
+                                                  subkey=owner_subkey(coordinator_key), return_future=True)
+        # And one the schema refuses on every node: the version as a string.
+        malformed = encode_record(real) | {"version": "latest"}
+        malformed_stored = await impostor_dht.store(assignment_key(SWARM), malformed, get_dht_time() + TTL_S + 9,
+                                                    subkey=owner_subkey(coordinator_key), return_future=True)
+        return real.version, forged_stored and unsound_stored and not malformed_stored
+
+    version, stored_as_expected = asyncio.run(publish_bad_assignments())
+    assert stored_as_expected
+    clients = swarm.peers[1:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+            f"Ignored assignment v{version + 100} signed by {forger}" in c.output()
+            and f"Refused assignment v{version + 50} from the coordinator" in c.output() for c in clients):
+        time.sleep(1)
+    for client in clients:
+        assert f"Ignored assignment v{version + 100} signed by {forger}" in client.output(), client.name
+        assert f"Refused assignment v{version + 50} from the coordinator: its layer ranges" in client.output()
+    snapshot = swarm.snapshot()
+    assert all(p["assignment_version"] == settled["assignment"]["version"] for p in snapshot["peers"])
+
+
+def test_a_killed_client_is_planned_out_within_its_expiry_plus_the_debounce(swarm, settled):
+    tokyo = next(p for p in swarm.peers if p.name == "tokyo")
+    tokyo_id = next(p["peer_id"] for p in settled["peers"] if p["name"] == "tokyo")
+    before = swarm.snapshot()["assignment"]["version"]
+    tokyo.remember_tree()
+    tokyo.process.kill()
+    killed_at = time.monotonic()
+
+    def replanned(snapshot: dict) -> bool:
+        assignment = snapshot["assignment"]
+        return assignment["version"] > before and tokyo_id not in roles_in(assignment)
+
+    snapshot = swarm.poll(replanned, timeout_s=TTL_S + DEBOUNCE_S + 30, interval_s=1.0)
+    elapsed = time.monotonic() - killed_at
+    tokyo.kill()  # its DHT child outlived it (notes/hivemind.md, pitfall 5)
+    assert replanned(snapshot), snapshot["assignment"]
+    assert "membership changed" in snapshot["assignment"]["reason"]
+    assert elapsed <= TTL_S + DEBOUNCE_S + 15, elapsed  # + the coordinator's and the monitor's polling
+
+
+def test_a_new_client_is_planned_in(swarm):
+    newcomer = swarm.start_client("seoul2", *client_args("Seoul", swarm.coordinator_id))
+    newcomer_id = newcomer.wait_for(re.compile(r"Joined swarm \S+ as (\w+)"), timeout_s=60).group(1)
+
+    def planned_in(snapshot: dict) -> bool:
+        return everyone_follows(len(SITES))(snapshot) and newcomer_id in roles_in(snapshot["assignment"])
+
+    snapshot = swarm.poll(planned_in, timeout_s=150, interval_s=2.0)
+    assert planned_in(snapshot), snapshot["assignment"]
+    assert "membership changed: 1 joined" in snapshot["assignment"]["reason"]
+    assert re.search(r"Following assignment v\d+: stage \d, replica \d", newcomer.output())
+
+
+def test_no_process_is_left_behind(swarm):
+    swarm.close()
+    assert [pid for peer in swarm.peers for pid in peer.alive_pids()] == []

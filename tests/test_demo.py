@@ -1,0 +1,85 @@
+"""`hetswarm demo` end to end, as a user runs it: it trains, prints its summary, and leaves no process behind.
+
+The demo runs as a subprocess (it installs signal handlers and starts process trees of its own); a sampler
+records every descendant it ever has, so that a process it leaked would be found even after its parent died.
+Four clients and three steps keep it short; the full-size run is `benchmarks/swarm.py`.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hetswarm.client.local_swarm import hetswarm_command
+
+
+class Descendants:
+    """Every process that was ever below `pid`, sampled until stopped."""
+
+    def __init__(self, pid: int) -> None:
+        self.seen: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(pid,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, pid: int) -> None:
+        while not self._stop.is_set():
+            try:
+                self.seen.update({p.pid: p for p in psutil.Process(pid).children(recursive=True)})
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.2)
+
+    def alive(self) -> list[str]:
+        self._stop.set()
+        self._thread.join()
+        alive = []
+        for process in self.seen.values():
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+
+def start_demo(workdir: Path, *args: str) -> tuple[subprocess.Popen, Descendants]:
+    process = subprocess.Popen(hetswarm_command("demo", "--clients", "4", "--workdir", str(workdir), *args),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    return process, Descendants(process.pid)
+
+
+@pytest.mark.timeout(300)
+def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
+    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare")
+    try:
+        output, _ = demo.communicate(timeout=270)
+    finally:
+        demo.kill()
+    assert demo.returncode == 0, output[-4000:]
+    assert "Loss (scheduled plan):" in output
+    assert "Scheduled plan: measured" in output and "predicted" in output
+    assert f"Logs: {tmp_path}" in output
+    assert len(descendants.seen) >= 5  # bootstrap, 4 clients, coordinator, their DHT children and daemons
+    assert descendants.alive() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
+    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare")
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("run-*/*.log"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.5)  # the bootstrap and the clients are starting
+        time.sleep(3)
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+    assert demo.returncode != 0  # interrupted, not finished
+    assert descendants.alive() == []

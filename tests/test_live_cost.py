@@ -1,0 +1,62 @@
+"""The live cost model against a step time worked out by hand on a four-device, two-stage plan."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.coordinator.network import Network
+from hetswarm.coordinator.plan import cost_plan
+
+# 2 layers of d=4: 12·16 + 13·4 = 244 params each; embedding (8 + 4)·4 = 48 on stage 0, head 2·4 + 4·8 = 40 on stage 1.
+MODEL = ModelConfig(name="hand", n_layers=2, d_model=4, n_heads=1, seq_len=4, vocab_size=8, batch_tokens=8,
+                    micro_batches=2)
+GRID = np.array([[0, 1], [2, 3]])  # stage 0 on devices 0, 1; stage 1 on devices 2, 3
+TFLOPS = np.array([2e-9, 1e-9, 4e-9, 4e-9])  # 1e-9 TFLOPS = 1,000 FLOP/s
+ROOMY_GIB = np.full(4, 1.0)
+
+
+def plan_on_uniform_network():
+    network = Network.from_matrices(np.full((4, 4), 10.0), np.full((4, 4), 1.0))  # 10 ms, 1 Gbit/s everywhere
+    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=2), d_dp=2, d_pp=2)
+    return cost_plan(paper, GRID)
+
+
+def test_step_time_is_communication_plus_slowest_stage_plus_bubble():
+    live = predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB)
+    # c_DP = 292 params · 4 B = 1168 B; DataP = 2·(0.010 + 8·1168e-9 / (2·1)) for the one other group member.
+    assert live.data_parallel_s == pytest.approx(2 * (0.010 + 4.672e-6))
+    # c_PP = 4 tokens per pipeline · 4 · 2 B = 32 B over the one boundary, forward and backward.
+    assert live.pipeline_parallel_s == pytest.approx(2 * (0.010 + 256e-9))
+    # FLOPs per token: stage 0: 6·292 + 12·4·4 = 1944, stage 1: 6·284 + 192 = 1896; 4 tokens per pipeline.
+    # Stage 0's slowest replica does 1e3 FLOP/s: 7.776 s; stage 1's does 4e3: 1.896 s.
+    assert live.compute_s == pytest.approx(7.776)
+    assert live.bubble_s == pytest.approx(1.896 / 2)  # GPipe: the other stage's one micro-batch of M = 2
+    assert live.total_s == pytest.approx(0.020009344 + 0.020000512 + 7.776 + 0.948)
+    assert live.to_dict()["step_s"] == pytest.approx(live.total_s)
+
+
+def test_equal_stages_have_the_textbook_bubble_fraction():
+    model = ModelConfig(name="even", n_layers=4, d_model=8, n_heads=2, seq_len=8, vocab_size=1, batch_tokens=64,
+                        micro_batches=8)
+    network = Network.from_matrices(np.full((4, 4), 1.0), np.full((4, 4), 1.0))
+    grid = np.arange(4).reshape(4, 1)
+    plan = cost_plan(PaperCostModel(network, Payloads.from_model(model, d_dp=1, d_pp=4), d_dp=1, d_pp=4), grid)
+    live = predict_step_s(plan, model, tflops=np.ones(4), memory_gib=np.ones(4))
+    stage_s = np.array(model.stage_flops_per_token(4)) * 64 / 1e12
+    assert live.compute_s == pytest.approx(stage_s.max())
+    assert live.bubble_s == pytest.approx((stage_s.sum() - stage_s.max()) / 8)
+
+
+def test_memory_counts_optimizer_state_and_stored_activations():
+    # stage 0: 292 params · 16 B + 1 layer · 4 tokens · (34·4 + 5·1·4) B = 4672 + 624
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2) == [5296, 284 * 16 + 624]
+
+
+def test_a_stage_on_a_device_too_small_for_it_is_refused():
+    memory = ROOMY_GIB.copy()
+    memory[3] = 5000 / 2**30  # below stage 1's 5168 bytes
+    with pytest.raises(NoFeasiblePlan, match="stage 1 needs"):
+        predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=memory)

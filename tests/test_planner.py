@@ -1,0 +1,120 @@
+"""When the coordinator publishes which plan: debounced membership changes, hysteresis on measurements, shapes."""
+from __future__ import annotations
+
+import pytest
+
+from hetswarm.client.emulation import SiteLinks
+from hetswarm.coordinator.live_cost import NoFeasiblePlan, stage_memory_bytes
+from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.coordinator.planner import PlannerConfig, Replanner, propose
+from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.swarm_view import build_view
+from tests.swarm_records import IDS, link, record
+
+SITES = ["Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland"]
+LINKS = SiteLinks.from_scenario("worldwide", bandwidth_scale=0.05)
+MODEL = get_model_config("tiny")
+SEARCH = SearchConfig(time_budget_s=2.0)
+
+
+def worldwide_records(n: int = 8, *, slow: set[frozenset[str]] = frozenset(), memory_gib: float = 4.0) -> dict:
+    """n peers at the scenario's sites, every pair measured; pairs in `slow` are 20× slower."""
+    peers = IDS[:n]
+    records = {}
+    for i, peer in enumerate(peers):
+        links = {}
+        for j, other in enumerate(peers[i + 1:], start=i + 1):
+            latency_ms, bandwidth_mbps = LINKS.link(SITES[i], SITES[j])
+            factor = 20.0 if frozenset((peer, other)) in slow else 1.0
+            links[other] = link(latency_ms * factor, bandwidth_mbps / factor)
+        records[peer] = record(peer, site=SITES[i], links=links, memory_gib=memory_gib)
+    return records
+
+
+def replanner(**overrides) -> Replanner:
+    settings = dict(model=MODEL, d_pp=4, search=SEARCH, min_peers=8, debounce_s=5.0, reconsider_s=10.0) | overrides
+    return Replanner(PlannerConfig(**settings))
+
+
+def test_the_first_plan_waits_for_min_peers_and_the_debounce():
+    planner = replanner()
+    assert planner.decide(worldwide_records(7), now=0.0) is None
+    records = worldwide_records(8)
+    assert planner.decide(records, now=1.0) is None
+    assert planner.decide(records, now=5.9) is None
+    proposal, reason = planner.decide(records, now=6.0)
+    assert reason == "initial plan for 8 peers"
+    assert proposal.plan.grid.shape == (4, 2) and set(proposal.view.peer_ids) == set(IDS[:8])
+
+
+def test_a_peer_that_leaves_is_replanned_without_after_the_debounce_and_the_rest_wait_as_standbys():
+    planner = replanner()  # min_peers gates the first plan only
+    records = worldwide_records(8)
+    planner.decide(records, now=0.0)
+    first, _ = planner.decide(records, now=5.0)
+    gone = first.pipelines[0][1]
+    del records[gone]
+    assert planner.decide(records, now=10.0) is None
+    assert planner.decide(records, now=14.0) is None
+    proposal, reason = planner.decide(records, now=15.0)
+    assert reason.startswith("membership changed: 0 joined [], 1 left") and gone[-6:] in reason
+    assert gone not in proposal.peers
+    assert proposal.plan.grid.shape == (4, 1) and len(proposal.standbys) == 3  # 7 peers: one pipeline of 4
+
+
+def test_a_membership_change_waits_a_bounded_time_for_the_new_links_to_be_measured():
+    planner = replanner(measure_wait_s=20.0)
+    records = worldwide_records(8)
+    unmeasured = IDS[7]
+    records = {p: r.copy(update={"links": {q: m for q, m in r.links.items() if q != unmeasured}})
+               for p, r in records.items()}
+    assert planner.decide(records, now=0.0) is None
+    assert planner.decide(records, now=10.0) is None  # debounced, but 7 links unmeasured
+    proposal, reason = planner.decide(records, now=20.0)
+    assert reason == "initial plan for 8 peers"
+    assert list(proposal.view.estimated.values()) == ["peers"] * 7  # flagged, and priced from its other links
+
+
+def test_measurement_noise_keeps_the_plan_but_a_clearly_better_plan_replaces_it():
+    planner = replanner()
+    records = worldwide_records(8)
+    planner.decide(records, now=0.0)
+    first, _ = planner.decide(records, now=5.0)
+    noisy = {p: r.copy(update={"links": {q: link(m.latency_ms * 1.02, m.bandwidth_mbps)
+                                        for q, m in r.links.items()}}) for p, r in records.items()}
+    assert planner.decide(noisy, now=20.0) is None  # a fresh plan cannot be 10 % better on the same links
+    hops = {frozenset(pair) for chain in first.pipelines for pair in zip(chain, chain[1:])}
+    proposal, reason = planner.decide(worldwide_records(8, slow=hops), now=40.0)
+    assert reason.startswith("better plan predicted")
+    new_hops = {frozenset(pair) for chain in proposal.pipelines for pair in zip(chain, chain[1:])}
+    assert not new_hops & hops  # it avoids the links that became slow
+    assert planner.current is proposal
+
+
+def test_auto_degrees_use_stages_when_the_model_does_not_fit_one_peer():
+    model = get_model_config("small")
+    one_stage_gib = max(stage_memory_bytes(model, d_pp=1, d_dp=8)) / 2**30
+    two_stage_gib = max(stage_memory_bytes(model, d_pp=2, d_dp=4)) / 2**30
+    assert two_stage_gib < one_stage_gib
+    view = build_view(worldwide_records(8, memory_gib=(one_stage_gib + two_stage_gib) / 2))
+    proposal = propose(view, PlannerConfig(model=model, search=SEARCH))
+    d_pp, d_dp = proposal.plan.grid.shape
+    assert d_pp >= 2 and d_pp * d_dp <= 8
+
+
+def test_baseline_placements_cost_at_least_the_scheduled_plan_and_are_priced_live():
+    view = build_view(worldwide_records(8))
+    plans = {kind: propose(view, PlannerConfig(model=MODEL, d_dp=2, d_pp=4, placement=kind, search=SEARCH))
+             for kind in ("scheduled", "random", "default")}
+    for kind in ("random", "default"):
+        assert plans[kind].plan.cost_s >= plans["scheduled"].plan.cost_s - 1e-9
+        assert plans[kind].live.total_s > plans[kind].plan.cost_s  # compute and bubble come on top
+    assert plans["random"].plan.grid.tolist() != plans["scheduled"].plan.grid.tolist()
+
+
+def test_fixed_degrees_larger_than_the_swarm_publish_nothing():
+    view = build_view(worldwide_records(7))
+    with pytest.raises(NoFeasiblePlan, match="D_DP=2 × D_PP=4 needs more peers"):
+        propose(view, PlannerConfig(model=MODEL, d_dp=2, d_pp=4, search=SEARCH))
+    planner = replanner(d_dp=2, min_peers=1, debounce_s=0.0)
+    assert planner.decide(worldwide_records(7), now=0.0) is None

@@ -1,0 +1,114 @@
+"""Clients train their stage when given an assignment, publish progress, and keep their weights across versions.
+
+Four `hetswarm join --coordinator ID` processes (2 stages × 2 replicas of the tiny model) on 127.0.0.1; this test
+is their pinned coordinator: its own DHT node signs and publishes hand-made Assignments with the key the clients
+pinned, and reads the Progress records they publish. Version 2 arrives mid-training with the same roles: the
+clients switch, carry their weights and optimizer state over, and go on from the step it names.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from hivemind.utils import get_dht_time
+
+from hetswarm.client.local_swarm import LocalSwarm
+from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
+from hetswarm.protocol.record_store import publish, read_records
+from hetswarm.protocol.records import Assignment, PeerRole, Progress
+from tests.dht_nodes import start_node
+
+SWARM = "trainertest"
+TINY = get_model_config("tiny")
+D_PP, D_DP = 2, 2
+MAX_STEPS = 10
+SWITCH_AFTER_STEP = 3
+pytestmark = pytest.mark.timeout(240)
+
+
+def make_assignment(pipelines: list[list[str]], coordinator_id: str, *, version: int, step: int) -> Assignment:
+    return Assignment(
+        coordinator_id=coordinator_id, version=version, model=TINY.to_dict(), d_pp=D_PP, d_dp=D_DP,
+        stage_layers=[list(bounds) for bounds in TINY.stage_layers(D_PP)],
+        roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
+        pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=TINY.micro_batches, step=step,
+        reason="test", issued_at=get_dht_time(),
+    )
+
+
+def collect(dht, seen: dict[tuple[str, int, int], Progress], until, timeout_s: float) -> None:
+    """Reads Progress records into `seen` ((peer, version, step) → record) until `until(seen)` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not until(seen):
+        assert time.monotonic() < deadline, f"timed out; progress seen: {sorted(seen)}"
+        for peer, record in asyncio.run(read_records(dht, SWARM, PROGRESS_FIELD, Progress)).items():
+            seen.setdefault((peer, record.assignment_version, record.step), record)
+        time.sleep(0.2)
+
+
+def reached(version: int, step: int, peers: list[str]):
+    return lambda seen: all(any(k[0] == p and k[1] == version and k[2] >= step for k in seen) for p in peers)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("trainer")
+    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+        swarm.start_bootstrap()
+        coordinator, key = start_node(SWARM, tmp / "coordinator.key", [swarm.initial_peers])
+        try:
+            coordinator_id = peer_id_of(key.get_public_key())
+            names = [f"peer{i}" for i in range(D_PP * D_DP)]
+            ids = [peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()) for name in names]
+            for name in names:
+                swarm.start_client(name, "--coordinator", coordinator_id, "--max-steps", str(MAX_STEPS), "--seed", "3",
+                                   "--torch-threads", "1", "--ttl", "20")
+            pipelines = [ids[r * D_PP:(r + 1) * D_PP] for r in range(D_DP)]
+
+            def announce(version: int, step: int) -> None:
+                assignment = make_assignment(pipelines, coordinator_id, version=version, step=step)
+                assert asyncio.run(publish(coordinator, SWARM, ASSIGNMENT_FIELD, assignment, private_key=key, ttl_s=120))
+
+            seen: dict[tuple[str, int, int], Progress] = {}
+            announce(1, 0)
+            collect(coordinator, seen, reached(1, SWITCH_AFTER_STEP, ids), timeout_s=150)
+            switch_step = max(k[2] for k in seen) + 1
+            announce(2, switch_step)
+            collect(coordinator, seen, reached(2, MAX_STEPS - 1, ids), timeout_s=120)
+            return {"seen": seen, "ids": ids, "last_stage": {chain[-1] for chain in pipelines},
+                    "switch_step": switch_step, "logs": {name: swarm.peers[i + 1].output() for i, name in enumerate(names)}}
+        finally:
+            coordinator.shutdown()
+
+
+def test_every_peer_publishes_progress_with_increasing_steps(run):
+    for peer in run["ids"]:
+        entries = sorted((version, step) for p, version, step in run["seen"] if p == peer)
+        assert entries[-1] == (2, MAX_STEPS - 1), entries
+        v1_steps = [step for version, step in entries if version == 1]
+        v2_steps = [step for version, step in entries if version == 2]
+        assert v1_steps and v1_steps[0] <= 1, entries  # v1 from step 0 (the first record may be missed)
+        assert v2_steps[0] >= run["switch_step"], entries  # v2 goes on from the step it names, never back
+
+
+def test_only_the_last_stage_reports_a_loss_and_every_record_has_timings(run):
+    for (peer, _, _), record in run["seen"].items():
+        assert (record.loss is not None) == (peer in run["last_stage"]), record
+        assert record.tokens_per_s > 0 and record.compute_s > 0 and record.wait_s >= 0
+
+
+def test_a_new_version_keeps_the_weights(run):
+    """Training goes on where it was: the loss after the switch is below the first steps' (a fresh model ~5.5)."""
+    losses = {(version, step): record.loss for (_, version, step), record in run["seen"].items()
+              if record.loss is not None}
+    first = min(step for version, step in losses if version == 1)
+    after_switch = min(step for version, step in losses if version == 2)
+    assert losses[(2, after_switch)] < losses[(1, first)] - 0.3, losses
+
+
+def test_clients_log_their_steps_and_stop_at_max_steps(run):
+    for name, log in run["logs"].items():
+        assert "Assignment 2:" in log and f"Reached step {MAX_STEPS}" in log, log[-2000:]
