@@ -1,13 +1,13 @@
 """Does the scheduled plan train faster end to end, and does the live cost model predict its step time?
 
-One swarm of `hetswarm` processes on this machine (a coordinator and 8 clients, two per world-wide region, links
+One swarm of `hetswarm` processes on this machine (a coordinator and 8 clients, by default two per world-wide region, links
 emulated from the DT-FM world-wide scenario with scaled bandwidth) trains the tiny model three times: under the
 scheduled plan, a random plan and default placement (peer-id order, as Megatron would place devices). Each run is a
 fresh swarm of the same identities and sites. Measured step time: the median over peers of the step period after
 the warm-up, from the Progress records (hetswarm.client.demo). Predicted: the coordinator's live cost model, as
 published in the assignment. Writes the "swarm" section of benchmarks/RESULTS.md.
 
-    python benchmarks/swarm.py [--steps 12] [--bandwidth-scale 0.005] [--seed 0]
+    python benchmarks/swarm.py [--steps 12] [--bandwidth-scale 0.005] [--seed 0] [--per-region 2] [--regions A,B,...]
 """
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ def main() -> None:
     parser.add_argument("--bandwidth-scale", type=float, default=0.005)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--per-region", type=int, default=2, help="clients per world-wide region")
+    parser.add_argument("--regions", default=",".join(REGIONS), help="regions the clients fill, in order")
     args = parser.parse_args()
+    regions = tuple(args.regions.split(","))
 
-    config = DemoConfig(clients=args.clients, placements=PLACEMENTS, steps=(args.steps,) * len(PLACEMENTS),
+    config = DemoConfig(clients=args.clients, regions=regions, clients_per_region=args.per_region,
+                        placements=PLACEMENTS, steps=(args.steps,) * len(PLACEMENTS),
                         bandwidth_scale=args.bandwidth_scale, seed=args.seed)
     started = time.monotonic()
     phases = run_swarm(config, on_workdir=lambda path: print(f"logs: {path}", flush=True))
@@ -44,8 +48,8 @@ def main() -> None:
                     f"{phase.breakdown.get('data_parallel_s', 0):.2f} | {phase.breakdown.get('pipeline_parallel_s', 0):.2f} | "
                     f"{speedup:.2f}× |")
     losses = sorted(scheduled.losses.items())
-    sites = ", ".join(f"{region} ×2" for region in REGIONS[: args.clients // 2])
-    markdown = f"""## End to end: emulated world-wide swarm
+    sites = ", ".join(f"{region} ×{args.per_region}" for region in regions[: args.clients // args.per_region])
+    markdown = f"""## End to end: emulated world-wide swarm, {args.per_region} clients per region
 
 Command: `{command_line()}` on the project's 2-core machine (shared with other jobs), {wall_s / 60:.1f} min.
 
@@ -67,7 +71,7 @@ Loss under the scheduled plan (mean of the last stages): {losses[0][1]:.3f} at s
 {losses[-1][1]:.3f} at step {losses[-1][0]}.
 """
     print(markdown)
-    write_section("swarm", markdown)
+    write_section(f"swarm-{args.per_region}-per-region", markdown)
 
 
 if __name__ == "__main__":

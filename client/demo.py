@@ -43,8 +43,7 @@ __all__ = ["DemoConfig", "PhaseResult", "REGIONS", "run_swarm", "summary_lines"]
 logger = logging.getLogger(__name__)
 
 REGIONS = ("Oregon", "Tokyo", "Frankfurt", "Seoul", "Virginia", "London", "Ohio", "Ireland")
-"""World-wide scenario regions, in the order clients fill them, two clients per region."""
-CLIENTS_PER_REGION = 2
+"""World-wide scenario regions, in the order clients fill them."""
 _POLL_S = 0.5
 
 
@@ -53,6 +52,10 @@ class DemoConfig:
     """One demo or benchmark run: the swarm, and the plans it trains one after the other."""
 
     clients: int = 8
+    regions: tuple[str, ...] = REGIONS
+    """World-wide scenario regions the clients fill, in order."""
+    clients_per_region: int = 2
+    """Clients in each region."""
     dp: int = 2
     """Pipelines; the stages are clients // dp."""
     model: str = "tiny"
@@ -75,8 +78,9 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
             raise ValueError(f"clients ({self.clients}) must be a multiple of dp ({self.dp}), at least 2")
-        if self.clients > CLIENTS_PER_REGION * len(REGIONS):
-            raise ValueError(f"at most {CLIENTS_PER_REGION * len(REGIONS)} clients, got {self.clients}")
+        if self.clients_per_region < 1 or self.clients > self.clients_per_region * len(self.regions):
+            raise ValueError(f"{self.clients} clients do not fit {len(self.regions)} regions with "
+                             f"{self.clients_per_region} per region")
         if self.model not in MODEL_PRESETS:
             raise ValueError(f"unknown model {self.model!r}; presets: {', '.join(MODEL_PRESETS)}")
         if len(self.placements) != len(self.steps) or not self.placements:
@@ -94,8 +98,9 @@ class DemoConfig:
 
     def sites(self) -> list[tuple[str, str]]:
         """(client name, region) of every client."""
-        return [(f"{REGIONS[i // CLIENTS_PER_REGION].lower()}-{i % CLIENTS_PER_REGION + 1}",
-                 REGIONS[i // CLIENTS_PER_REGION]) for i in range(self.clients)]
+        per_region = self.clients_per_region
+        return [(f"{self.regions[i // per_region].lower()}-{i % per_region + 1}", self.regions[i // per_region])
+                for i in range(self.clients)]
 
 
 @dataclass

@@ -9,6 +9,7 @@ newly accepted assignment to the training side through the `on_assignment` hook.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, Pee
 
 logger = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
+VERSION = importlib.metadata.version("hetswarm")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,17 +82,18 @@ class Volunteer:
         return f"{self.node.config.swarm}.probe"
 
     def record(self) -> PeerRecord:
+        role = self.follower.role if self.follower else None
         return PeerRecord(
             peer_id=self.node.peer_id,
             maddrs=[str(m) for m in self.node.dht.get_visible_maddrs()][:16],
             version=VERSION,
             hardware=self.hardware,
             links=dict(self.links),
-            state=self.state,
+            state="training" if self.state == "ready" and role is not None else self.state,
             public_name=self.config.public_name,
             site=self.config.site,
             assignment_version=self.follower.current.version if self.follower and self.follower.current else None,
-            role=self.follower.role if self.follower else None,
+            role=role,
             updated_at=get_dht_time(),
         )
 
