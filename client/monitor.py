@@ -191,8 +191,26 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
     return Group(grid, *lines)
 
 
+def progress_table(snapshot: dict[str, Any]) -> Table:
+    """Each training peer's latest step; step time = compute + waiting, beside the plan's prediction."""
+    names = {p["peer_id"]: p["name"] or p["short_id"] for p in snapshot["peers"]}
+    assignment = snapshot.get("assignment")
+    predicted = f", predicted {assignment['predicted_step_s']:.2f} s/step" if assignment else ""
+    table = Table(title=f"training progress{predicted}")
+    for column in ("peer", "plan", "step", "loss", "tokens/s", "compute s", "wait s", "step s"):
+        table.add_column(column, justify="left" if column in ("peer", "plan") else "right")
+    for p in sorted(snapshot["progress"], key=lambda p: names.get(p["peer_id"], p["peer_id"])):
+        loss = "" if p["loss"] is None else f"{p['loss']:.3f}"
+        table.add_row(names.get(p["peer_id"], short_id(p["peer_id"])), f"v{p['assignment_version']}", str(p["step"]),
+                      loss, f"{p['tokens_per_s']:.0f}", f"{p['compute_s']:.2f}", f"{p['wait_s']:.2f}",
+                      f"{p['compute_s'] + p['wait_s']:.2f}")
+    return table
+
+
 def render(snapshot: dict[str, Any]) -> Group:
     parts = [peers_table(snapshot), links_table(snapshot)]
     if snapshot.get("assignment") is not None:
         parts.append(assignment_table(snapshot["assignment"]))
+    if snapshot["progress"]:
+        parts.append(progress_table(snapshot))
     return Group(*parts)
