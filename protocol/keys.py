@@ -29,7 +29,3 @@ def peers_key(swarm: str) -> str:
 
 def assignment_key(swarm: str) -> str:
     return dht_key(swarm, ASSIGNMENT_FIELD)
-
-
-def progress_key(swarm: str) -> str:
-    return dht_key(swarm, PROGRESS_FIELD)
