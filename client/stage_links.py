@@ -9,6 +9,7 @@ frames wait in an ``Inbox`` until the worker takes them; a bad one is logged, an
 the servicer keeps serving.
 """
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from hivemind.utils.asyncio import as_aiter
 
 from hetswarm.client.stage_errors import FrameRefused, NeighbourSilent, StageError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
+from hetswarm.protocol.limits import MAX_FRAME_BYTES
 
 __all__ = ["ActivationServicer", "LinkPlan", "StageLinks", "send_frame"]
 
@@ -99,7 +101,18 @@ class ActivationServicer(ServicerBase):
         if reason is None:
             return runtime_pb2.ExpertResponse()
         logger.warning(f"Refused a frame from {context.remote_id}: {reason}")
+        await self._drain(stream)
         return runtime_pb2.ExpertResponse(metadata=reason.encode())
+
+    async def _drain(self, stream: AsyncIterator[runtime_pb2.ExpertRequest]) -> None:
+        """Reads what the sender is still writing (bounded), so it gets our verdict rather than a reset stream."""
+        received = 0
+        with contextlib.suppress(Exception):  # a peer that breaks off or stalls here costs nothing more
+            async with asyncio.timeout(self.frame_timeout_s):
+                async for message in stream:
+                    received += message.ByteSize()
+                    if received > MAX_FRAME_BYTES:
+                        return
 
     async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], sender: PeerID) -> str | None:
         """Reads and stores one frame; returns why it was refused, or None when it was taken."""
