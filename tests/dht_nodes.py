@@ -1,7 +1,6 @@
 """Starts real hivemind DHT nodes (each a forked process with its own p2pd) on 127.0.0.1 for tests."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,26 +8,19 @@ from pathlib import Path
 import hivemind
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.client.node import Identity, NodeConfig, start_dht
 from hetswarm.protocol.identity import load_identity
-from hetswarm.protocol.signing import make_validators
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
 
 
 def start_node(
-    swarm: str, identity_path: Path, initial_peers: list[str] = (), **kwargs
+    swarm: str, identity_path: Path, initial_peers: list[str] = (), *, signing_key: RSAPrivateKey | None = None
 ) -> tuple[hivemind.DHT, RSAPrivateKey]:
-    key = load_identity(identity_path)
-    dht = hivemind.DHT(
-        initial_peers=list(initial_peers),
-        host_maddrs=LOOPBACK,
-        identity_path=str(identity_path),
-        record_validators=make_validators(swarm, key),
-        start=False,
-        **kwargs,
-    )
-    dht.run_in_background(await_ready=True, timeout=60)
-    return dht, key
+    """A node as the product starts one; `signing_key` other than the identity's makes an impostor."""
+    key = signing_key or load_identity(identity_path)
+    config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=LOOPBACK)
+    return start_dht(config, Identity(identity_path, key)), key
 
 
 @contextlib.contextmanager
@@ -43,6 +35,3 @@ def dht_pair(swarm: str, tmp_path: Path) -> Iterator[tuple[tuple[hivemind.DHT, R
         second[0].shutdown()
         first[0].shutdown()
 
-
-def run(coro):
-    return asyncio.run(coro)

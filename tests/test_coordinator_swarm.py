@@ -12,20 +12,19 @@ import json
 import re
 import time
 
-import hivemind
 import pytest
 from hivemind.utils import get_dht_time
 from rich.console import Console
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.client.local_swarm import LOOPBACK, LocalSwarm
+from hetswarm.client.local_swarm import LocalSwarm
 from hetswarm.client.monitor import render
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, assignment_key
 from hetswarm.protocol.record_store import encode_record, owner_subkey, publish, read_records
 from hetswarm.protocol.records import Assignment
-from hetswarm.protocol.signing import make_validators
+from tests.dht_nodes import start_node
 
 SWARM = "coordtest"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "ohio": "Ohio", "tokyo": "Tokyo", "seoul": "Seoul",
@@ -71,14 +70,6 @@ def settled(swarm) -> dict:
     return swarm.poll(everyone_follows(len(SITES)), timeout_s=200, interval_s=2.0)
 
 
-def start_test_node(swarm, identity_path, signing_key) -> hivemind.DHT:
-    """A DHT node in the test process that signs records with `signing_key`."""
-    dht = hivemind.DHT(initial_peers=[swarm.initial_peers], host_maddrs=[LOOPBACK], identity_path=str(identity_path),
-                       record_validators=make_validators(SWARM, signing_key), start=False)
-    dht.run_in_background(await_ready=True, timeout=60)
-    return dht
-
-
 @pytest.fixture(scope="module")
 def test_nodes(swarm, tmp_path_factory):
     """A forger (its own key) and a node that signs with the coordinator's key under another peer id; both stay up
@@ -86,8 +77,8 @@ def test_nodes(swarm, tmp_path_factory):
     folder = tmp_path_factory.mktemp("test-nodes")
     forger_key = load_identity(folder / "forger.key")
     coordinator_key = load_identity(swarm.workdir / "coordinator.key")
-    forger = start_test_node(swarm, folder / "forger.key", forger_key)
-    impostor = start_test_node(swarm, folder / "impostor.key", coordinator_key)
+    forger, _ = start_node(SWARM, folder / "forger.key", [swarm.initial_peers], signing_key=forger_key)
+    impostor, _ = start_node(SWARM, folder / "impostor.key", [swarm.initial_peers], signing_key=coordinator_key)
     yield (forger, forger_key), (impostor, coordinator_key)
     impostor.shutdown()
     forger.shutdown()

@@ -15,9 +15,9 @@ import torch
 
 from hetswarm.client.data import TokenSource
 from hetswarm.client.stage_worker import StageConfig, StepReport, start_stage
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment
-from hetswarm.protocol.signing import make_validators
+from tests.dht_nodes import start_node
 
 __all__ = ["TrainJob", "run_training_process"]
 
@@ -43,7 +43,6 @@ class TrainJob:
     """Also save every parameter's gradient after the first step's all-reduce, by global parameter name."""
     config: StageConfig = field(default_factory=StageConfig)
     device: str = "cpu"
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
     torch_threads: int | None = None
     """Caps torch's intra-op threads, for several peers sharing one machine's cores."""
 
@@ -54,11 +53,7 @@ class TrainJob:
 
 def run_training_process(job: TrainJob) -> None:
     """Starts a DHT node with the swarm's validators, trains ``job.steps`` steps and writes the results."""
-    key = load_identity(job.identity_path)
-    dht = hivemind.DHT(initial_peers=job.initial_peers, host_maddrs=job.host_maddrs,
-                       identity_path=str(job.identity_path), record_validators=make_validators(job.swarm, key),
-                       start=False)
-    dht.run_in_background(await_ready=True, timeout=60)
+    dht, key = start_node(job.swarm, job.identity_path, job.initial_peers)
     try:
         if job.torch_threads is not None:
             torch.set_num_threads(job.torch_threads)
