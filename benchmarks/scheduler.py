@@ -19,7 +19,7 @@ import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import plan_from_partition
@@ -114,7 +114,7 @@ def main() -> None:
         "",
         "The paper's five networks, 8 × 8 tasklets of GPT-3 XL (`paper-gpt3-xl`: c_DP 0.65 GB, c_PP 0.47125 GB). "
         "Costs are seconds of the cost model; the files' bandwidths are kept as they are (cases 1–2 write GB/s "
-        "figures used as Gbit/s, notes/dtfm.md). Published best: the DT-FM scheduler's, rounded to 3 decimals "
+        "figures used as Gbit/s, docs/dtfm.md). Published best: the DT-FM scheduler's, rounded to 3 decimals "
         "(case 2: best of 3 runs of 100,000 candidates). Random and default placement are deployed as drawn "
         "(stages in index order, no matching); the paper GA is this project's faithful re-implementation "
         "(population 100, 5-point crossover, cyclic moves with the default gain), seeded, with the same exact inner "

@@ -4,7 +4,7 @@ One swarm of `hetswarm` processes on this machine (a coordinator and 8 clients, 
 emulated from the DT-FM world-wide scenario with scaled bandwidth) trains the tiny model three times: under the
 scheduled plan, a random plan and default placement (peer-id order, as Megatron would place devices). Each run is a
 fresh swarm of the same identities and sites. Measured step time: the median over peers of the step period after
-the warm-up, from the Progress records (hetswarm.client.demo). Predicted: the coordinator's live cost model, as
+the warm-up, from the Progress records (hetswarm.client.local.demo). Predicted: the coordinator's live cost model, as
 published in the assignment. Writes the "swarm" section of benchmarks/RESULTS.md.
 
     python benchmarks/swarm.py [--steps 12] [--bandwidth-scale 0.005] [--seed 0] [--per-region 2] [--regions A,B,...]
@@ -15,7 +15,7 @@ import argparse
 import time
 
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
-from hetswarm.client.demo import DemoConfig, REGIONS, run_swarm
+from hetswarm.client.local.demo import DemoConfig, REGIONS, run_swarm
 
 PLACEMENTS = ("scheduled", "random", "default")
 

@@ -1,6 +1,6 @@
-"""Scheduling: the DT-FM cost model, its exact inner solvers and the evolutionary search (numpy/scipy only).
+"""Scheduling: the DT-FM cost model, its exact inner solvers and the evolutionary search (numpy/scipy only; the
+model shapes it prices are hetswarm.protocol.model_config, since they travel in every Assignment).
 
- * model_config.py - model shapes and the payload bytes (c_DP, c_PP) and FLOPs derived from them
  * network.py      - Network: latency/bandwidth matrices and device sites, validated; the packaged scenarios
  * cost_model.py   - Payloads, CostBreakdown, the CostEvaluator protocol and PaperCostModel (DataP + 2·PipeP)
  * matching.py     - bottleneck perfect matching between two stage groups (threshold search + augmenting paths)

@@ -1,7 +1,7 @@
 """Plans the scheduler is compared with: random placement and the default (device-order) placement.
 
 Both are deployed as they come, stages in index order and no matching, and priced by `cost_plan`, as the paper's
-random baseline is (notes/dtfm.md, The reference search). The paper's own search is in paper_ga.py.
+random baseline is (docs/dtfm.md, The reference search). The paper's own search is in paper_ga.py.
 """
 from __future__ import annotations
 

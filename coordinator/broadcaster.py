@@ -1,7 +1,7 @@
 """The coordinator's loop: read the peers' records, let the replanner decide, publish signed assignment versions.
 
 The assignment lives under the swarm's `assignment` key, in the subkey signed by the coordinator's key, so that
-clients pinned to that key can tell it from anyone else's (notes/hivemind.md, signed assignments). It is
+clients pinned to that key can tell it from anyone else's (docs/hivemind.md, signed assignments). It is
 republished every TTL/2 with expiry TTL; versions only grow, also across a restart with the same identity.
 """
 from __future__ import annotations
@@ -21,8 +21,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
-from hetswarm.protocol.record_store import publish, read_records
-from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole, Progress
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Assignment, PeerRole
+from hetswarm.protocol.errors import ConfigError
 
 __all__ = ["BroadcastConfig", "Broadcaster", "build_assignment"]
 
@@ -43,7 +44,7 @@ class BroadcastConfig:
 
     def __post_init__(self) -> None:
         if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
-            raise ValueError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
+            raise ConfigError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
                              f"request_timeout_s={self.request_timeout_s}")
 
 
@@ -74,6 +75,7 @@ class Broadcaster:
     def __init__(self, dht: hivemind.DHT, *, private_key: RSAPrivateKey, coordinator_id: str,
                  replanner: Replanner, config: BroadcastConfig):
         self.dht, self.private_key, self.coordinator_id = dht, private_key, coordinator_id
+        self.records = SwarmRecords(dht, config.swarm, private_key=private_key, timeout_s=config.request_timeout_s)
         self.replanner, self.config = replanner, config
         self.assignment: Assignment | None = None
         self._published_at = -math.inf
@@ -82,7 +84,7 @@ class Broadcaster:
         """Plans and publishes until `stop` is set."""
         version = await self._previous_version()
         while not stop.is_set():
-            records = await self._read(PEERS_FIELD, PeerRecord)
+            records = await self._read(PEERS_FIELD)
             if records is not None:
                 decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
                 if decision is not None:
@@ -96,7 +98,7 @@ class Broadcaster:
                 pass
 
     async def _announce(self, proposal: Proposal, reason: str, *, version: int) -> None:
-        progress = await self._read(PROGRESS_FIELD, Progress) or {}
+        progress = await self._read(PROGRESS_FIELD) or {}
         step = max((p.step for p in progress.values()), default=self.assignment.step if self.assignment else 0)
         self.assignment = build_assignment(proposal, coordinator_id=self.coordinator_id, version=version,
                                            reason=reason, step=step)
@@ -111,26 +113,24 @@ class Broadcaster:
     async def _publish(self) -> None:
         self._published_at = time.monotonic()
         try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                stored = await publish(self.dht, self.config.swarm, ASSIGNMENT_FIELD, self.assignment,
-                                       private_key=self.private_key, ttl_s=self.config.ttl_s)
+            stored = await self.records.publish(self.assignment, ttl_s=self.config.ttl_s)
         except TimeoutError:
             stored = False
         if not stored:
             logger.warning(f"No DHT node took assignment v{self.assignment.version}; retrying")
             self._published_at = -math.inf
 
-    async def _read(self, field: str, schema: type) -> dict | None:
+    async def _read(self, field: str) -> dict | None:
+        """The swarm's records under one key; None (not an empty swarm) when the read timed out."""
         try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                return await read_records(self.dht, self.config.swarm, field, schema)
+            return await self.records.read(field)
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None
 
     async def _previous_version(self) -> int:
         """The version this coordinator published last (after a restart), so that versions keep growing."""
-        ours = ((await self._read(ASSIGNMENT_FIELD, Assignment)) or {}).get(self.coordinator_id)
+        ours = ((await self._read(ASSIGNMENT_FIELD)) or {}).get(self.coordinator_id)
         if ours is not None:
             logger.info(f"Found our assignment v{ours.version} in the swarm; continuing from it")
         return ours.version if ours is not None else 0

@@ -1,4 +1,4 @@
-"""What a plan costs: DT-FM's communication cost model (`paper` mode, notes/dtfm.md), as an evaluator the search calls.
+"""What a plan costs: DT-FM's communication cost model (`paper` mode, docs/dtfm.md), as an evaluator the search calls.
 
 The cost of a balanced partition of the devices into D_PP stage groups of D_DP is
     DataP + 2·PipeP,
@@ -17,14 +17,14 @@ from typing import Protocol
 import numpy as np
 
 from hetswarm.coordinator.matching import bottleneck_matching
-from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.tsp import shortest_path
-from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.errors import ConfigError, RejectedInput
+from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["CostBreakdown", "CostEvaluator", "InvalidPlanShape", "PaperCostModel", "Payloads", "edge_time_s"]
 
-_BYTES_PER_GB = 1e9
 
 
 class InvalidPlanShape(RejectedInput):
@@ -42,7 +42,7 @@ class Payloads:
 
     def __post_init__(self) -> None:
         if not (self.dp_bytes > 0 and self.pp_bytes > 0):
-            raise ValueError(f"payloads must be positive bytes, got dp_bytes={self.dp_bytes}, pp_bytes={self.pp_bytes}")
+            raise ConfigError(f"payloads must be positive bytes, got dp_bytes={self.dp_bytes}, pp_bytes={self.pp_bytes}")
 
     @classmethod
     def from_model(cls, model: ModelConfig, *, d_dp: int, d_pp: int) -> Payloads:
@@ -93,7 +93,7 @@ class CostEvaluator(Protocol):
 
 
 def edge_time_s(latency_ms: np.ndarray, bandwidth_gbps: np.ndarray, payload_gb: float) -> np.ndarray:
-    """Seconds to send one payload over every link: tau = alpha/1000 + 8c/beta (notes/dtfm.md, Cost model)."""
+    """Seconds to send one payload over every link: tau = alpha/1000 + 8c/beta (docs/dtfm.md, Cost model)."""
     return latency_ms / 1000 + 8 * payload_gb / bandwidth_gbps  # (N, N), like both inputs
 
 
@@ -110,10 +110,10 @@ class PaperCostModel:
         self.d_dp, self.d_pp, self.n_devices = d_dp, d_pp, network.n_devices
         latency, bandwidth = network.latency_ms, network.bandwidth_gbps
         # Sharded all-reduce: each device sends a 1/D_DP shard to every other member twice (reduce-scatter,
-        # all-gather), one after another: 2·(alpha/1000 + 8·c_DP/(D_DP·beta)) per peer, summed (notes/dtfm.md).
-        self.dp_edge_s = 2 * edge_time_s(latency, bandwidth, payloads.dp_bytes / _BYTES_PER_GB / d_dp)  # (N, N)
+        # all-gather), one after another: 2·(alpha/1000 + 8·c_DP/(D_DP·beta)) per peer, summed (docs/dtfm.md).
+        self.dp_edge_s = 2 * edge_time_s(latency, bandwidth, payloads.dp_bytes / BYTES_PER_GB / d_dp)  # (N, N)
         np.fill_diagonal(self.dp_edge_s, 0.0)
-        self.pp_edge_s = edge_time_s(latency, bandwidth, payloads.pp_bytes / _BYTES_PER_GB)  # (N, N)
+        self.pp_edge_s = edge_time_s(latency, bandwidth, payloads.pp_bytes / BYTES_PER_GB)  # (N, N)
         self._classes = network.twin_classes
 
     def group_key(self, group: np.ndarray) -> Hashable:

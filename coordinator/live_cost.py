@@ -1,6 +1,6 @@
 """The live cost model: what one training step of a deployed plan takes on the measured swarm.
 
-The paper's model prices communication only, because its GPUs are identical (notes/dtfm.md, Cost model). A swarm of
+The paper's model prices communication only, because its GPUs are identical (docs/dtfm.md, Cost model). A swarm of
 volunteers is not, so the live model adds what the paper leaves out:
 
     step_s = DataP + 2·PipeP                      communication, the paper's model on the measured matrices
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.plan import Plan
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.units import BYTES_PER_GIB
 
 __all__ = ["LiveBreakdown", "NoFeasiblePlan", "predict_step_s", "stage_compute_s", "stage_memory_bytes"]
 
@@ -40,7 +41,6 @@ OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
 _ACTIVATION_BYTES_PER_TOKEN_PER_D = 34
 """Korthikanti et al. 2022, Sect. 4.1: 34·s·b·h + 5·a·s²·b bytes per layer with 16-bit activations."""
-_BYTES_PER_GIB = 2**30
 
 
 class NoFeasiblePlan(HetswarmError):
@@ -104,7 +104,7 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
     """
     grid = plan.grid
     d_pp, d_dp = grid.shape
-    need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp)) / _BYTES_PER_GIB  # (d_pp,)
+    need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp)) / BYTES_PER_GIB  # (d_pp,)
     short = np.asarray(memory_gib)[grid] < need_gib[:, None]  # (d_pp, d_dp)
     if short.any():
         stage, replica = np.argwhere(short)[0]

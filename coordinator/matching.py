@@ -1,7 +1,7 @@
 """Bottleneck perfect matching: pair two stage groups' devices so that the slowest pair is as fast as possible.
 
 DT-FM's coarsened graph weighs the edge between stage groups C_j and C_k with
-min over bijections pi of max over d of tau(d, pi(d)) (notes/dtfm.md, Cost model). The reference solves it with up
+min over bijections pi of max over d of tau(d, pi(d)) (docs/dtfm.md, Cost model). The reference solves it with up
 to k^2 full assignment solves and hands out the last *infeasible* assignment; here a threshold search over the
 sorted distinct weights asks only "is there a perfect matching using edges <= t?" (Hopcroft–Karp in scipy), and
 the assignment returned is the one found at the optimal threshold, so it achieves the bottleneck.

@@ -27,7 +27,7 @@ SCENARIOS: dict[str, str] = {
     "regional": "case4_regional_geo_distributed.json",
     "worldwide": "case5_worldwide_geo_distributed.json",
 }
-"""Short name → file of the paper's scenarios (cases 1–5 in notes/dtfm.md, in that order)."""
+"""Short name → file of the paper's scenarios (cases 1–5 in docs/dtfm.md, in that order)."""
 
 
 class InvalidNetwork(RejectedInput):

@@ -1,4 +1,4 @@
-"""The DT-FM paper's own search, re-implemented as a baseline (notes/dtfm.md, The reference search).
+"""The DT-FM paper's own search, re-implemented as a baseline (docs/dtfm.md, The reference search).
 
 A steady-state memetic algorithm: 100 random permutations, then offspring by a "5-point crossover" (5 devices take
 their group from parent 1, sizes repaired) improved by cyclic multi-way moves (Kernighan–Lin style) under the

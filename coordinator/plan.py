@@ -2,7 +2,7 @@
 
 `cost_plan` prices any grid the same way, so the search's plans, the baselines and a live plan compare on one
 model. A plan built from a partition chains the bottleneck matchings along the stage order, so its pipelines
-really achieve the cost the model gives the partition (the reference deploys a different matching; notes/dtfm.md,
+really achieve the cost the model gives the partition (the reference deploys a different matching; docs/dtfm.md,
 Defects).
 """
 from __future__ import annotations

@@ -22,19 +22,20 @@ import numpy as np
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.records import PeerRecord
+from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.units import BYTES_PER_GIB
 
 __all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "propose"]
 
 logger = logging.getLogger(__name__)
 
 Placement = Literal["scheduled", "random", "default"]
-_BYTES_PER_GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,14 +63,14 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         for name in ("d_dp", "d_pp"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive or auto, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be positive or auto, got {getattr(self, name)}")
         if self.d_pp is not None and self.d_pp > self.model.n_layers:
-            raise ValueError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
+            raise ConfigError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
         if self.placement not in ("scheduled", "random", "default"):
-            raise ValueError(f"placement must be scheduled, random or default, got {self.placement!r}")
+            raise ConfigError(f"placement must be scheduled, random or default, got {self.placement!r}")
         if (self.min_peers < 1 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
                 or not 0 <= self.improvement < 1):
-            raise ValueError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
+            raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
                              f"measure_wait_s={self.measure_wait_s}, reconsider_s={self.reconsider_s}, "
                              f"improvement={self.improvement} (want [0, 1))")
 
@@ -116,7 +117,7 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     budget = config.search.time_budget_s / max(len(shapes), 1)
     best, refusals = None, []
     for d_dp, d_pp in shapes:
-        need_gib = max(stage_memory_bytes(config.model, d_pp=d_pp, d_dp=d_dp)) / _BYTES_PER_GIB
+        need_gib = max(stage_memory_bytes(config.model, d_pp=d_pp, d_dp=d_dp)) / BYTES_PER_GIB
         fits = [p for p, memory in zip(view.peer_ids, view.memory_gib) if memory >= need_gib]
         if len(fits) < d_dp * d_pp:
             refusals.append(f"{d_dp}×{d_pp} needs {d_dp * d_pp} peers with {need_gib:.2f} GiB, {len(fits)} have it")

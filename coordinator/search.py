@@ -1,6 +1,6 @@
 """The project's evolutionary search over balanced partitions: a memetic algorithm on the true objective.
 
-Like the DT-FM reference (notes/dtfm.md, The reference search) it evolves a population of partitions and improves
+Like the DT-FM reference (docs/dtfm.md, The reference search) it evolves a population of partitions and improves
 every offspring by local search, but: the local search minimises the real cost (not a proxy gain), it is evaluated
 incrementally with cached terms, crossover keeps whole groups of one parent, the population starts from
 structured seeds as well as random ones, it restarts when it stalls, and it stops on a generation count, a stall
@@ -17,6 +17,7 @@ import numpy as np
 
 from hetswarm.coordinator.cost_model import CostEvaluator
 from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate, improve_by_swaps
+from hetswarm.protocol.errors import ConfigError
 
 __all__ = ["SearchConfig", "SearchProgress", "SearchResult", "search"]
 
@@ -48,15 +49,15 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         if not self.time_budget_s > 0:
-            raise ValueError(f"time_budget_s must be positive, got {self.time_budget_s}")
+            raise ConfigError(f"time_budget_s must be positive, got {self.time_budget_s}")
         if self.population < 2:
-            raise ValueError(f"population must be at least 2, got {self.population}")
+            raise ConfigError(f"population must be at least 2, got {self.population}")
         for name in ("max_generations", "restarts", "random_starts", "mutation_swaps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be non-negative, got {getattr(self, name)}")
         for name in ("stall_generations", "moves_per_group_pair"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

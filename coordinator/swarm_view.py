@@ -21,6 +21,7 @@ import numpy as np
 
 from hetswarm.coordinator.network import Network
 from hetswarm.protocol.records import PeerRecord
+from hetswarm.protocol.units import MBPS_PER_GBPS
 
 __all__ = ["SwarmView", "build_view", "load_hardware", "trainable_peers"]
 
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 TRAINABLE_STATES = ("ready", "training")
 DEFAULT_LATENCY_MS = 100.0
 DEFAULT_BANDWIDTH_MBPS = 100.0
-_MBPS_PER_GBPS = 1000.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,7 +97,7 @@ def build_view(records: dict[str, PeerRecord], *, name: str = "swarm") -> SwarmV
                 bandwidth[i, j] = bandwidth[j, i] = float(np.mean([m.bandwidth_mbps for m in links]))
                 measured[i, j] = measured[j, i] = True
     estimated = _estimate_missing(latency, bandwidth, measured, sites)
-    network = Network(latency_ms=latency, bandwidth_gbps=bandwidth / _MBPS_PER_GBPS, sites=tuple(sites),
+    network = Network(latency_ms=latency, bandwidth_gbps=bandwidth / MBPS_PER_GBPS, sites=tuple(sites),
                       name=name)
     return SwarmView(
         peer_ids=tuple(peers), names=tuple(records[p].public_name for p in peers), network=network,

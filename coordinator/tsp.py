@@ -1,4 +1,4 @@
-"""Open-path TSP over stage groups: the order of stages along every pipeline (DT-FM's PipeP, notes/dtfm.md).
+"""Open-path TSP over stage groups: the order of stages along every pipeline (DT-FM's PipeP, docs/dtfm.md).
 
 Exact Held–Karp up to `EXACT_MAX_NODES` groups (n^2·2^n steps, vectorised one subset size at a time; the reference
 runs it once per start node in Python), a nearest-neighbour + 2-opt + Or-opt heuristic beyond, where the exact

@@ -2,12 +2,14 @@
 imports the errors) must stay usable without it.
 
  * errors.py       - HetswarmError, the base of every expected failure, and RejectedInput for bad input
- * limits.py       - byte and count limits that every receiver enforces
+ * limits.py       - byte, count and time limits that every receiver enforces
+ * units.py        - unit conversions (Mbit/s and Gbit/s, GB and GiB), defined once
+ * model_config.py - model shapes, and the payload bytes (c_DP, c_PP) and FLOPs derived from them (pure Python)
  * records.py      - PeerRecord, Assignment, Progress: pydantic.v1 schemas with strict types
- * keys.py         - DHT key names of one swarm
+ * keys.py         - DHT keys and P2P handler namespaces of one swarm; the short peer id people read
  * identity.py     - the RSA key that is both libp2p identity and record-signing key; peer id of a key
  * signing.py      - the validators every node installs (size, RSA signature, owner binding, schema)
- * record_store.py - publish our signed record; read everyone's, keyed by signer
+ * record_store.py - SwarmRecords: publish our signed records, read everyone's by signer, each call with a deadline
  * framing.py      - activation/gradient frames on a stream, and the receiver's checks
 """
 from hetswarm.protocol.errors import HetswarmError, RecordTooLarge, RejectedInput

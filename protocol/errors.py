@@ -11,3 +11,7 @@ class RejectedInput(HetswarmError):
 
 class RecordTooLarge(RejectedInput):
     """A DHT record over the size limit; hivemind's DHT process crashes on values over ~64 KiB."""
+
+
+class ConfigError(HetswarmError, ValueError):
+    """A configuration that cannot work (a bad option, an impossible shape); a ValueError too, for library users."""

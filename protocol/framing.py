@@ -3,7 +3,7 @@
 A frame is a list of ``runtime_pb2.ExpertRequest`` messages. The first carries the ``FrameHeader`` (JSON in
 ``metadata``) and the first part of the tensor; each later message carries one more part. The tensor is
 serialized by hivemind (``serialize_torch_tensor``, no compression) and split into FRAME_PART_BYTES parts, since
-hivemind messages over 4 MiB misbehave (notes/hivemind.md, pitfall 2).
+hivemind messages over 4 MiB misbehave (docs/hivemind.md, pitfall 2).
 
 A receiver states what it expects (``Expectation``) and reads with ``read_frame`` (a stream) or ``decode_frame``
 (messages at hand). Anything else is refused with a ``FrameError`` that says what was wrong, before the tensor is

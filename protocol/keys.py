@@ -1,4 +1,5 @@
-"""DHT key names of one swarm, derived from its name so that several swarms can share one DHT."""
+"""Names both ends must agree on: DHT keys and P2P handler namespaces of one swarm, derived from its name so that
+several swarms can share one DHT; and the short form of a peer id that people read."""
 from __future__ import annotations
 
 import re
@@ -23,9 +24,21 @@ def dht_key(swarm: str, field: str) -> str:
     return f"{check_swarm_name(swarm)}_{field}"
 
 
-def peers_key(swarm: str) -> str:
-    return dht_key(swarm, PEERS_FIELD)
+def probe_namespace(swarm: str) -> str:
+    """Handlers that answer link probes (pings and bandwidth payloads)."""
+    return f"{check_swarm_name(swarm)}.probe"
 
 
-def assignment_key(swarm: str) -> str:
-    return dht_key(swarm, ASSIGNMENT_FIELD)
+def stage_namespace(swarm: str) -> str:
+    """Handlers that take activation and gradient frames from pipeline neighbours."""
+    return f"{check_swarm_name(swarm)}_stage"
+
+
+def allreduce_namespace(swarm: str, stage: int) -> str:
+    """Handlers of one stage group's gradient all-reduce; each stage's group has its own."""
+    return f"{check_swarm_name(swarm)}_stage{stage}_allreduce"
+
+
+def short_id(peer_id: str) -> str:
+    """The last six characters of a peer id, as tables and logs show it."""
+    return "…" + peer_id[-6:]

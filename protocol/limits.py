@@ -1,16 +1,13 @@
 """Byte, count and time limits that every hetswarm node enforces on what it stores or receives."""
 
 MAX_RECORD_BYTES = 48 * 1024
-"""Largest signed DHT value; hivemind's DHT process crashes on values over ~64 KiB (notes/hivemind.md, pitfall 1)."""
+"""Largest signed DHT value; hivemind's DHT process crashes on values over ~64 KiB (docs/hivemind.md, pitfall 1)."""
 
 MAX_LINKS_PER_RECORD = 256
 """Link measurements one PeerRecord may carry; keeps a record of a big swarm under MAX_RECORD_BYTES."""
 
 MAX_PEERS_PER_ASSIGNMENT = 512
 """Peers one Assignment may place."""
-
-MAX_CLOCK_SKEW_SECONDS = 3.0
-"""hivemind refuses peers whose clock differs by more; expirations are wall-clock times."""
 
 FRAME_PART_BYTES = 2 * 1024 * 1024
 """Tensor bytes per stream message of an activation or gradient frame (hivemind: keep messages under 4 MiB)."""
@@ -20,3 +17,6 @@ MAX_FRAME_HEADER_BYTES = 4 * 1024
 
 MAX_FRAME_BYTES = 1024 * 1024 * 1024
 """Largest activation or gradient frame a receiver reads, whatever it expects; it stops reading past this."""
+
+DHT_TIMEOUT_S = 10.0
+"""Deadline of one DHT read or store; hivemind's own calls have none."""

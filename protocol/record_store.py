@@ -1,8 +1,8 @@
 """Publishing and reading a swarm's signed records: one subkey per owner under each of the swarm's keys."""
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TypeVar
 
 import pydantic.v1 as pydantic
 from hivemind import DHT
@@ -10,17 +10,21 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from hetswarm.protocol.errors import RecordTooLarge
-from hetswarm.protocol.keys import dht_key
-from hetswarm.protocol.limits import MAX_RECORD_BYTES
+from hetswarm.protocol.errors import ConfigError, RecordTooLarge
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, check_swarm_name, dht_key
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES
+from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress
 from hetswarm.protocol.signing import owner_peer_id
 
 logger = logging.getLogger(__name__)
 
-R = TypeVar("R", bound=pydantic.BaseModel)
-
 SIGNATURE_BYTES = 400
 """Room left for the `[signature:...]` suffix (a base64 RSA-2048 PSS signature is 344 bytes)."""
+
+SCHEMAS: dict[str, type[pydantic.BaseModel]] = {PEERS_FIELD: PeerRecord, ASSIGNMENT_FIELD: Assignment,
+                                                PROGRESS_FIELD: Progress}
+"""The schema of each of a swarm's keys; the validators install the same (signing.py)."""
+FIELDS: dict[type[pydantic.BaseModel], str] = {schema: field for field, schema in SCHEMAS.items()}
 
 
 def owner_subkey(private_key: RSAPrivateKey) -> bytes:
@@ -40,31 +44,56 @@ def encode_record(record: pydantic.BaseModel) -> dict:
     return value
 
 
-async def publish(
-    dht: DHT, swarm: str, field: str, record: pydantic.BaseModel, *, private_key: RSAPrivateKey, ttl_s: float
-) -> bool:
-    """Stores our record under the swarm's `field` key for `ttl_s` seconds; True if at least one node took it."""
-    value = encode_record(record)
-    return await dht.store(
-        dht_key(swarm, field),
-        value,
-        expiration_time=get_dht_time() + ttl_s,
-        subkey=owner_subkey(private_key),
-        return_future=True,
-    )
+class SwarmRecords:
+    """One swarm's signed records on a DHT: the schema follows from the key, and every call has a deadline.
 
+    Readers get every valid record by the peer id of its signer (records that fail the schema are skipped and
+    logged); a read or a store that takes longer than `timeout_s` raises TimeoutError (hivemind's DHT calls
+    take no deadline of their own), so no loop of ours waits forever on a stuck DHT.
+    """
 
-async def read_records(dht: DHT, swarm: str, field: str, schema: type[R]) -> dict[str, R]:
-    """Every valid record under the swarm's `field` key, by the peer id of its signer."""
-    found = await dht.get(dht_key(swarm, field), latest=True, return_future=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}
-    records = {}
-    for subkey, item in found.value.items():
-        owner = owner_peer_id(subkey) if isinstance(subkey, bytes) else None
-        try:
-            records[owner] = schema.parse_obj(item.value)
-        except pydantic.ValidationError as e:
-            logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
-    records.pop(None, None)
-    return records
+    def __init__(self, dht: DHT, swarm: str, *, private_key: RSAPrivateKey | None = None,
+                 timeout_s: float = DHT_TIMEOUT_S) -> None:
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        self.dht, self.swarm, self.private_key, self.timeout_s = dht, check_swarm_name(swarm), private_key, timeout_s
+
+    async def peers(self) -> dict[PeerId, PeerRecord]:
+        return await self.read(PEERS_FIELD)
+
+    async def assignments(self) -> dict[PeerId, Assignment]:
+        return await self.read(ASSIGNMENT_FIELD)
+
+    async def progress(self) -> dict[PeerId, Progress]:
+        return await self.read(PROGRESS_FIELD)
+
+    async def read(self, field: str) -> dict[PeerId, pydantic.BaseModel]:
+        """Every valid record under one of the swarm's keys, by signer; TimeoutError past the deadline."""
+        schema = SCHEMAS[field]
+        async with asyncio.timeout(self.timeout_s):
+            found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        records = {}
+        for subkey, item in found.value.items():
+            owner = owner_peer_id(subkey) if isinstance(subkey, bytes) else None
+            try:
+                records[owner] = schema.parse_obj(item.value)
+            except pydantic.ValidationError as e:
+                logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
+        records.pop(None, None)
+        return records
+
+    async def publish(self, record: PeerRecord | Assignment | Progress, *, ttl_s: float) -> bool:
+        """Stores our record under its key for `ttl_s` seconds; True if at least one node took it in time."""
+        if self.private_key is None:
+            raise ConfigError("publishing needs the private key that signs our records")
+        value = encode_record(record)
+        async with asyncio.timeout(self.timeout_s):
+            return await self.dht.store(
+                dht_key(self.swarm, FIELDS[type(record)]),
+                value,
+                expiration_time=get_dht_time() + ttl_s,
+                subkey=owner_subkey(self.private_key),
+                return_future=True,
+            )

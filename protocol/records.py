@@ -6,12 +6,14 @@ unknown field or an out-of-range figure is refused on arrival, not discovered by
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import pydantic.v1 as pydantic
 from pydantic.v1 import StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
 
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_PEERS_PER_ASSIGNMENT
+from hetswarm.protocol.model_config import ModelConfig
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
@@ -85,7 +87,7 @@ class Assignment(_Record):
     version: conint(strict=True, ge=1)
     """Monotonic: a client never goes back to an older plan."""
     model: dict[StrictStr, StrictInt | StrictStr | None]
-    """ModelConfig fields (hetswarm.coordinator.model_config)."""
+    """ModelConfig fields (hetswarm.protocol.model_config)."""
     d_pp: conint(strict=True, ge=1)
     d_dp: conint(strict=True, ge=1)
     stage_layers: list[conlist(StrictInt, min_items=2, max_items=2)]
@@ -99,6 +101,14 @@ class Assignment(_Record):
     """Optimizer step the plan starts at (learning-rate schedule position)."""
     reason: constr(strict=True, max_length=256)
     issued_at: StrictFloat
+
+    def model_config(self) -> ModelConfig:
+        """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.
+
+        Raises:
+            TypeError, ValueError: the model fields do not make a ModelConfig.
+        """
+        return replace(ModelConfig.from_dict(self.model), micro_batches=self.micro_batches)
 
     @pydantic.root_validator(skip_on_failure=True)
     def _consistent(cls, values: dict) -> dict:

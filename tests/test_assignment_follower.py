@@ -9,20 +9,20 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from hetswarm.client.assignment_follower import AssignmentFollower, check_coordinator_id
+from hetswarm.client.peer.assignment_follower import AssignmentFollower, check_coordinator_id
 from hetswarm.coordinator.broadcaster import build_assignment
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.planner import PlannerConfig, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError, RecordTooLarge
 from hetswarm.protocol.identity import load_identity
-from hetswarm.protocol.keys import assignment_key
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
 from hetswarm.protocol.record_store import encode_record, owner_subkey
 from hetswarm.protocol.records import Assignment, PeerRole
 from hetswarm.protocol.signing import make_validators
-from tests.swarm_records import IDS, record
+from tests.helpers.swarm_records import IDS, record
 
 COORDINATOR, FORGER = IDS[8], IDS[9]
 PEERS = IDS[:4]
@@ -85,7 +85,7 @@ def test_an_oversized_assignment_is_refused_before_sending_and_by_every_validato
         encode_record(huge)
     key = load_identity(tmp_path / "coordinator.key")
     raw = MSGPackSerializer.dumps(huge.dict())
-    dht_record = DHTRecord(DHTID.generate(source=assignment_key("fol")).to_bytes(),
+    dht_record = DHTRecord(DHTID.generate(source=dht_key("fol", ASSIGNMENT_FIELD)).to_bytes(),
                            MSGPackSerializer.dumps(owner_subkey(key)), raw, get_dht_time() + 30)
     assert not CompositeValidator(make_validators("fol", key)).validate(dht_record)
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from hetswarm.client.local_swarm import hetswarm_command
+from hetswarm.client.local.swarm import hetswarm_command
 
 pytestmark = pytest.mark.timeout(120)
 

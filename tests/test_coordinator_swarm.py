@@ -18,13 +18,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.client.local_swarm import LocalSwarm
-from hetswarm.client.monitor import render
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.cli.render import render
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, assignment_key
-from hetswarm.protocol.record_store import encode_record, owner_subkey, publish, read_records
-from hetswarm.protocol.records import Assignment
-from tests.dht_nodes import start_node
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
+from hetswarm.protocol.record_store import encode_record, owner_subkey, SwarmRecords
+from tests.helpers.dht_nodes import start_node
 
 SWARM = "coordtest"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "ohio": "Ohio", "tokyo": "Tokyo", "seoul": "Seoul",
@@ -129,17 +128,17 @@ def test_a_forged_and_an_unsound_assignment_are_ignored_by_every_client(swarm, s
     forger = peer_id_of(forger_key.get_public_key())
 
     async def publish_bad_assignments() -> tuple[int, bool]:
-        real = (await read_records(impostor_dht, SWARM, ASSIGNMENT_FIELD, Assignment))[swarm.coordinator_id]
+        real = (await SwarmRecords(impostor_dht, SWARM).read(ASSIGNMENT_FIELD))[swarm.coordinator_id]
         forged = real.copy(update={"coordinator_id": forger, "version": real.version + 100})
-        forged_stored = await publish(forger_dht, SWARM, ASSIGNMENT_FIELD, forged, private_key=forger_key, ttl_s=30)
+        forged_stored = await SwarmRecords(forger_dht, SWARM, private_key=forger_key).publish(forged, ttl_s=30)
         # Signed by the coordinator's key but not a plan: layer ranges that do not cover the model. It outlives the
         # coordinator's next refresh or two (the later expiry wins), so that every client's poll sees it.
         unsound = encode_record(real.copy(update={"version": real.version + 50, "stage_layers": [[0, 1]] * PP}))
-        unsound_stored = await impostor_dht.store(assignment_key(SWARM), unsound, get_dht_time() + TTL_S + 8,
+        unsound_stored = await impostor_dht.store(dht_key(SWARM, ASSIGNMENT_FIELD), unsound, get_dht_time() + TTL_S + 8,
                                                   subkey=owner_subkey(coordinator_key), return_future=True)
         # And one the schema refuses on every node: the version as a string.
         malformed = encode_record(real) | {"version": "latest"}
-        malformed_stored = await impostor_dht.store(assignment_key(SWARM), malformed, get_dht_time() + TTL_S + 9,
+        malformed_stored = await impostor_dht.store(dht_key(SWARM, ASSIGNMENT_FIELD), malformed, get_dht_time() + TTL_S + 9,
                                                     subkey=owner_subkey(coordinator_key), return_future=True)
         return real.version, forged_stored and unsound_stored and not malformed_stored
 
@@ -172,7 +171,7 @@ def test_a_killed_client_is_planned_out_within_its_expiry_plus_the_debounce(swar
 
     snapshot = swarm.poll(replanned, timeout_s=TTL_S + DEBOUNCE_S + 30, interval_s=1.0)
     elapsed = time.monotonic() - killed_at
-    tokyo.kill()  # its DHT child outlived it (notes/hivemind.md, pitfall 5)
+    tokyo.kill()  # its DHT child outlived it (docs/hivemind.md, pitfall 5)
     assert replanned(snapshot), snapshot["assignment"]
     assert "membership changed" in snapshot["assignment"]["reason"]
     assert elapsed <= TTL_S + DEBOUNCE_S + 15, elapsed  # + the coordinator's and the monitor's polling

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scheduler_oracles import brute_cost, random_network
+from tests.helpers.scheduler_oracles import brute_cost, random_network
 
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.network import SCENARIOS, InvalidNetwork, Network, load_network
 
 PAPER = get_model_config("paper-gpt3-xl")
@@ -19,7 +19,7 @@ def test_paper_preset_reproduces_the_reference_constants():
 
 
 def test_case1_worked_check_pipelines_inside_nodes():
-    """notes/dtfm.md: DP 7·2·(0 + 5.2/(3.125·8)) = 2.912 s, PP 2·7·(3.77/100) = 0.528 s, total 3.440 s."""
+    """docs/dtfm.md: DP 7·2·(0 + 5.2/(3.125·8)) = 2.912 s, PP 2·7·(3.77/100) = 0.528 s, total 3.440 s."""
     model = PaperCostModel(load_network("case1"), Payloads.from_model(PAPER, d_dp=8, d_pp=8), d_dp=8, d_pp=8)
     stage_groups_across_nodes = np.arange(64).reshape(8, 8).T  # group j = device j of every node
     breakdown, order = model.evaluate(stage_groups_across_nodes)

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hetswarm.client.local_swarm import hetswarm_command
+from hetswarm.client.local.swarm import hetswarm_command
 
 
 class Descendants:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from hetswarm.client.emulation import LinkShaper, SiteLinks
+from hetswarm.client.peer.emulation import LinkShaper, SiteLinks
 from hetswarm.coordinator.network import load_network
 from hetswarm.protocol.errors import HetswarmError
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from hetswarm.client.emulation import SiteLinks
-from hetswarm.client.local_swarm import LocalSwarm
+from hetswarm.client.peer.emulation import SiteLinks
+from hetswarm.client.local.swarm import LocalSwarm
 
 SCENARIO = "worldwide"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "tokyo": "Tokyo", "london": "London"}  # 3 regions
@@ -76,7 +76,7 @@ def test_a_killed_client_disappears_within_its_expiry(swarm, settled):
     snapshot = swarm.poll(lambda s: "london" not in by_name(s), timeout_s=TTL_S + 15)
     assert "london" not in by_name(snapshot)
     assert time.monotonic() - killed_at <= TTL_S + 15
-    london.kill()  # its DHT child outlived it (notes/hivemind.md, pitfall 5)
+    london.kill()  # its DHT child outlived it (docs/hivemind.md, pitfall 5)
 
 
 def test_no_process_is_left_behind(swarm):

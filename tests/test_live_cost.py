@@ -6,7 +6,7 @@ import pytest
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.coordinator.model_config import ModelConfig
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import cost_plan
 

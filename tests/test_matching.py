@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scheduler_oracles import brute_bottleneck
+from tests.helpers.scheduler_oracles import brute_bottleneck
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from hetswarm.client.model import StageModule, build_full_model, build_stage
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.client.training.model import StageModule, build_full_model, build_stage
+from hetswarm.protocol.model_config import get_model_config
 
 TINY = get_model_config("tiny")
 

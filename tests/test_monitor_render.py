@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from hetswarm.client.monitor import render
+from hetswarm.client.cli.render import render
 
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
 

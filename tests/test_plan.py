@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from scheduler_oracles import random_network
+from tests.helpers.scheduler_oracles import random_network
 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads

@@ -10,12 +10,12 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from hetswarm.protocol.errors import RecordTooLarge
 from hetswarm.protocol.identity import peer_id_of
-from hetswarm.protocol.keys import PEERS_FIELD, peers_key
+from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
-from hetswarm.protocol.record_store import encode_record, owner_subkey, publish, read_records
+from hetswarm.protocol.record_store import encode_record, owner_subkey, SwarmRecords
 from hetswarm.protocol.records import Hardware, PeerRecord
 from hetswarm.protocol.signing import make_validators
-from tests.dht_nodes import dht_pair
+from tests.helpers.dht_nodes import dht_pair
 
 SWARM = "sectest"
 pytestmark = pytest.mark.timeout(120)
@@ -30,12 +30,12 @@ def make_record(peer_id: str, *, name: str = "honest", tflops: float = 1.0) -> P
 
 
 async def peers_seen_by(dht) -> dict[str, PeerRecord]:
-    return await read_records(dht, SWARM, PEERS_FIELD, PeerRecord)
+    return await SwarmRecords(dht, SWARM).read(PEERS_FIELD)
 
 
 async def store_raw(dht, value, subkey: bytes) -> bool:
     """Bypasses encode_record, as a modified client would."""
-    return await dht.store(peers_key(SWARM), value, get_dht_time() + 30, subkey=subkey, return_future=True)
+    return await dht.store(dht_key(SWARM, PEERS_FIELD), value, get_dht_time() + 30, subkey=subkey, return_future=True)
 
 
 def test_records_of_both_peers_are_read_back_bound_to_their_signers(tmp_path):
@@ -43,8 +43,8 @@ def test_records_of_both_peers_are_read_back_bound_to_their_signers(tmp_path):
         id_a, id_b = peer_id_of(key_a.get_public_key()), peer_id_of(key_b.get_public_key())
 
         async def scenario():
-            assert await publish(dht_a, SWARM, PEERS_FIELD, make_record(id_a), private_key=key_a, ttl_s=30)
-            assert await publish(dht_b, SWARM, PEERS_FIELD, make_record(id_b), private_key=key_b, ttl_s=30)
+            assert await SwarmRecords(dht_a, SWARM, private_key=key_a).publish(make_record(id_a), ttl_s=30)
+            assert await SwarmRecords(dht_b, SWARM, private_key=key_b).publish(make_record(id_b), ttl_s=30)
             return await peers_seen_by(dht_a), await peers_seen_by(dht_b)
 
         for seen in asyncio.run(scenario()):
@@ -57,7 +57,7 @@ def test_a_peer_cannot_overwrite_another_peers_record(tmp_path):
         id_a = peer_id_of(key_a.get_public_key())
 
         async def scenario():
-            assert await publish(dht_a, SWARM, PEERS_FIELD, make_record(id_a), private_key=key_a, ttl_s=30)
+            assert await SwarmRecords(dht_a, SWARM, private_key=key_a).publish(make_record(id_a), ttl_s=30)
             forged = encode_record(make_record(id_a, name="forged", tflops=999.0))
             accepted = await store_raw(dht_b, forged, owner_subkey(key_a))  # B cannot sign with A's key
             return accepted, await peers_seen_by(dht_a), await peers_seen_by(dht_b)
@@ -104,18 +104,18 @@ def test_an_oversized_record_is_refused_before_sending_and_by_every_validator(tm
         id_b = peer_id_of(key_b.get_public_key())
         oversized = make_record(id_b).copy(update={"maddrs": ["m" * 256] * 200})
         with pytest.raises(RecordTooLarge, match=str(MAX_RECORD_BYTES)):
-            asyncio.run(publish(dht_b, SWARM, PEERS_FIELD, oversized, private_key=key_b, ttl_s=30))
+            asyncio.run(SwarmRecords(dht_b, SWARM, private_key=key_b).publish(oversized, ttl_s=30))
 
         # A modified client could skip that check; the validators every node runs refuse it too. (Sending such a
-        # value through hivemind's DHT pipe risks crashing the sender's DHT process: notes/hivemind.md, pitfall 1.)
+        # value through hivemind's DHT pipe risks crashing the sender's DHT process: docs/hivemind.md, pitfall 1.)
         raw = MSGPackSerializer.dumps(oversized.dict())
-        record = DHTRecord(DHTID.generate(source=peers_key(SWARM)).to_bytes(), MSGPackSerializer.dumps(
+        record = DHTRecord(DHTID.generate(source=dht_key(SWARM, PEERS_FIELD)).to_bytes(), MSGPackSerializer.dumps(
             owner_subkey(key_b)), raw, get_dht_time() + 30)
         assert len(raw) > MAX_RECORD_BYTES
         assert not CompositeValidator(make_validators(SWARM, key_b)).validate(record)
 
         async def still_serving():
-            stored = await publish(dht_b, SWARM, PEERS_FIELD, make_record(id_b), private_key=key_b, ttl_s=30)
+            stored = await SwarmRecords(dht_b, SWARM, private_key=key_b).publish(make_record(id_b), ttl_s=30)
             return stored, await peers_seen_by(dht_a)
 
         stored, seen = asyncio.run(still_serving())

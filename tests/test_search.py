@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scheduler_oracles import balanced_partitions, random_network
+from tests.helpers.scheduler_oracles import balanced_partitions, random_network
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.network import load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.scheduler import find_plan

@@ -7,10 +7,10 @@ gradient must match ``reference_step`` within 1e-5 in fp32 (design.md, training 
 import pytest
 import torch
 
-from hetswarm.client.data import TokenSource, default_corpus
-from hetswarm.client.model import StageModule, build_full_model, build_stage
-from hetswarm.client.reference import MicroBatch, micro_batch_loss, reference_step, step_batches
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.client.training.data import TokenSource, default_corpus
+from hetswarm.client.training.model import StageModule, build_full_model, build_stage
+from hetswarm.client.training.reference import MicroBatch, micro_batch_loss, reference_step, step_batches
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.framing import Expectation, FrameHeader, decode_frame, encode_frame
 
 TINY = get_model_config("tiny")

@@ -8,7 +8,7 @@ import pytest
 
 from hetswarm.coordinator.network import load_network
 from hetswarm.coordinator.swarm_view import DEFAULT_LATENCY_MS, build_view, load_hardware
-from tests.swarm_records import IDS, link, record
+from tests.helpers.swarm_records import IDS, link, record
 
 
 def test_measured_links_are_symmetric_averaged_and_in_gbits():

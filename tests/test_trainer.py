@@ -13,13 +13,13 @@ import time
 import pytest
 from hivemind.utils import get_dht_time
 
-from hetswarm.client.local_swarm import LocalSwarm
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
-from hetswarm.protocol.record_store import publish, read_records
+from hetswarm.protocol.keys import PROGRESS_FIELD
+from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRole, Progress
-from tests.dht_nodes import start_node
+from tests.helpers.dht_nodes import start_node
 
 SWARM = "trainertest"
 TINY = get_model_config("tiny")
@@ -44,7 +44,7 @@ def collect(dht, seen: dict[tuple[str, int, int], Progress], until, timeout_s: f
     deadline = time.monotonic() + timeout_s
     while not until(seen):
         assert time.monotonic() < deadline, f"timed out; progress seen: {sorted(seen)}"
-        for peer, record in asyncio.run(read_records(dht, SWARM, PROGRESS_FIELD, Progress)).items():
+        for peer, record in asyncio.run(SwarmRecords(dht, SWARM).read(PROGRESS_FIELD)).items():
             seen.setdefault((peer, record.assignment_version, record.step), record)
         time.sleep(0.2)
 
@@ -70,7 +70,7 @@ def run(tmp_path_factory) -> dict:
 
             def announce(version: int, step: int) -> None:
                 assignment = make_assignment(pipelines, coordinator_id, version=version, step=step)
-                assert asyncio.run(publish(coordinator, SWARM, ASSIGNMENT_FIELD, assignment, private_key=key, ttl_s=120))
+                assert asyncio.run(SwarmRecords(coordinator, SWARM, private_key=key).publish(assignment, ttl_s=120))
 
             seen: dict[tuple[str, int, int], Progress] = {}
             announce(1, 0)

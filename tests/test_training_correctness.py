@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetswarm.client.data import TokenSource
-from hetswarm.client.model import build_full_model
-from hetswarm.client.reference import reference_step, step_batches
-from hetswarm.client.stage_worker import StageConfig
-from hetswarm.coordinator.model_config import get_model_config
+from hetswarm.client.training.data import TokenSource
+from hetswarm.client.training.model import build_full_model
+from hetswarm.client.training.reference import reference_step, step_batches
+from hetswarm.client.training.stage_worker import StageConfig
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.records import Assignment, PeerRole
 from tests.conftest import reap_children
-from tests.dht_nodes import start_node
-from tests.training_process import TrainJob, run_training_process
+from tests.helpers.dht_nodes import start_node
+from tests.helpers.training_process import TrainJob, run_training_process
 
 SWARM = "correctness"
 TINY = get_model_config("tiny")

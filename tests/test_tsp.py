@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scheduler_oracles import brute_path
+from tests.helpers.scheduler_oracles import brute_path
 
 from hetswarm.coordinator.tsp import EXACT_MAX_NODES, held_karp_path, heuristic_path, path_cost, shortest_path
 

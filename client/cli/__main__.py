@@ -1,0 +1,3 @@
+from hetswarm.client.cli.app import main
+
+main()

@@ -1,0 +1,133 @@
+"""The `hetswarm` command: join a swarm, monitor it, plan schedules, run a coordinator or the demo."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hetswarm.client.cli import processes
+from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
+from hetswarm.client.cli.options import (
+    AnnounceMaddrsOpt, CoordinatorOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt, SwarmOpt, VerboseOpt,
+    configure_logging, err_console,
+)
+from hetswarm.client.cli.coordinator import coordinator
+from hetswarm.client.cli.demo import demo
+from hetswarm.client.peer.assignment_follower import check_coordinator_id
+from hetswarm.client.peer.link_probe import ProbeConfig
+from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
+from hetswarm.client.cli.schedule import schedule
+from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
+from hetswarm.client.peer.volunteer import VolunteerConfig
+from hetswarm.protocol.errors import HetswarmError
+
+app = typer.Typer(
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train foundation models on volunteered GPUs (DT-FM scheduling over a hivemind swarm).",
+)
+app.command()(schedule)
+app.command()(coordinator)
+app.command()(demo)
+
+@app.command()
+def join(
+    initial_peers: InitialPeersOpt = [],
+    new_swarm: Annotated[bool, typer.Option("--new-swarm", help="Start a new swarm: this is its first peer.")] = False,
+    host_maddrs: HostMaddrsOpt = [ANY_HOST],
+    announce_maddrs: AnnounceMaddrsOpt = [],
+    identity_path: IdentityPathOpt = None,
+    swarm: SwarmOpt = DEFAULT_SWARM,
+    device: Annotated[Optional[str], typer.Option(help="torch device to train on; default cuda if present.")] = None,
+    public_name: Annotated[Optional[str], typer.Option(help="A name shown in the monitor.")] = None,
+    throughput: Annotated[str, typer.Option(help="auto: use the cached GPU benchmark; eval: measure again.")] = "auto",
+    emulate: Annotated[Optional[str], typer.Option(help="Emulate links from a scenario (name or JSON file).")] = None,
+    site: Annotated[Optional[str], typer.Option(help="With --emulate: the scenario site this peer is at.")] = None,
+    bandwidth_scale: Annotated[float, typer.Option(help="With --emulate: multiply every bandwidth by this.")] = 1.0,
+    ttl: Annotated[float, typer.Option(help="Seconds the peer record lives without a heartbeat.")] = 60.0,
+    probe_bytes: Annotated[int, typer.Option(help="Most bytes streamed to a peer to measure bandwidth.")] = 8 * 2**20,
+    coordinator: CoordinatorOpt = None,
+    data: Annotated[Optional[Path], typer.Option(help="With --coordinator: text file or folder to train on "
+                                                      "(default: a built-in corpus).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="With --coordinator: stop training before this step "
+                                                          "and keep serving until Ctrl+C.")] = None,
+    seed: Annotated[int, typer.Option(help="With --coordinator: model and data seed, the same on every peer.")] = 0,
+    torch_threads: Annotated[Optional[int], typer.Option(help="Cap torch's CPU threads (several clients on "
+                                                              "one machine).")] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Join a swarm as a volunteer: measure this GPU and the links to peers, publish them, and serve until Ctrl+C."""
+    configure_logging(verbose)
+    if not initial_peers and not new_swarm:
+        raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start one")
+    if site is not None and emulate is None:
+        raise HetswarmError("--site only makes sense with --emulate SCENARIO")
+    node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
+                             announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
+    volunteer_config = VolunteerConfig(ttl_s=ttl, view_interval_s=min(5.0, ttl / 4), public_name=public_name,
+                                       site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes),
+                                       coordinator=check_coordinator_id(coordinator) if coordinator else None)
+    emulation = processes.Emulation(scenario=emulate, site=site, bandwidth_scale=bandwidth_scale) if emulate else None
+    if emulation is not None and site is None:
+        raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
+    training = TrainingSetup(data_path=data, seed=seed, torch_threads=torch_threads,
+                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl)) if coordinator else None
+    processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
+                   training=training)
+
+
+@app.command()
+def bootstrap(
+    host_maddrs: HostMaddrsOpt = [ANY_HOST],
+    announce_maddrs: AnnounceMaddrsOpt = [],
+    identity_path: IdentityPathOpt = None,
+    swarm: SwarmOpt = DEFAULT_SWARM,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Start the first node of a swarm (DHT only) and print the line volunteers paste."""
+    configure_logging(verbose)
+    processes.bootstrap(NodeConfig(swarm=swarm, host_maddrs=tuple(host_maddrs),
+                                   announce_maddrs=tuple(announce_maddrs), identity_path=identity_path))
+
+
+@app.command()
+def monitor(
+    initial_peers: InitialPeersOpt,
+    swarm: SwarmOpt = DEFAULT_SWARM,
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
+    json_output: JsonOpt = False,
+    refresh: Annotated[float, typer.Option(help="Seconds between refreshes of the live view.")] = 2.0,
+    coordinator: CoordinatorOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Watch peers, their GPUs, the link matrix and the current assignment; --json prints one snapshot for scripts.
+
+    The assignment shown is the pinned --coordinator's, or else the newest version anyone published.
+    """
+    configure_logging(verbose)
+    if not initial_peers:
+        raise HetswarmError("give --initial-peers of a peer in the swarm")
+    node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=(LOOPBACK,),
+                             client_mode=True)
+    processes.monitor(node_config, once=once or json_output, as_json=json_output, refresh_s=refresh,
+                      coordinator=check_coordinator_id(coordinator) if coordinator else None)
+
+
+def main() -> None:
+    """Entry point: expected errors become one red line on stderr and exit code 1."""
+    try:
+        app()
+    except HetswarmError as e:
+        if logging.getLogger("hetswarm").isEnabledFor(logging.DEBUG):
+            raise
+        err_console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""`hetswarm coordinator`: the peer that schedules the swarm and broadcasts signed stage assignments."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hetswarm.client.cli.options import (
+    AnnounceMaddrsOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, SwarmOpt, VerboseOpt, configure_logging,
+)
+from hetswarm.client.cli.processes import run_coordinator
+from hetswarm.client.peer.addresses import ANY_HOST
+from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
+from hetswarm.coordinator.broadcaster import BroadcastConfig
+from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.search import SearchConfig
+from hetswarm.protocol.errors import RejectedInput
+
+
+def coordinator(
+    initial_peers: InitialPeersOpt = [],
+    host_maddrs: HostMaddrsOpt = [ANY_HOST],
+    announce_maddrs: AnnounceMaddrsOpt = [],
+    identity_path: IdentityPathOpt = None,
+    swarm: SwarmOpt = DEFAULT_SWARM,
+    model: Annotated[str, typer.Option(help=f"Model preset ({', '.join(MODEL_PRESETS)}) or a JSON file.")] = "tiny",
+    dp: Annotated[str, typer.Option("--dp", help="D_DP, pipelines: a number or auto.")] = "auto",
+    pp: Annotated[str, typer.Option("--pp", help="D_PP, stages: a number or auto.")] = "auto",
+    micro_batches: Annotated[Optional[int], typer.Option(help="Micro-batches per pipeline (default: the model's).")] = None,
+    min_peers: Annotated[int, typer.Option(help="Publish the first plan once this many peers are ready.")] = 1,
+    plan: Annotated[str, typer.Option(help="scheduled, or a baseline to compare: random or default.")] = "scheduled",
+    time_budget: Annotated[float, typer.Option("--time-budget", help="Search budget per plan, seconds.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="Seed of the search and of the random baseline.")] = 0,
+    ttl: Annotated[float, typer.Option(help="Seconds the published assignment lives without a refresh.")] = 60.0,
+    debounce: Annotated[float, typer.Option(help="Seconds membership must stay unchanged before a re-plan.")] = 5.0,
+    measure_wait: Annotated[float, typer.Option(help="Seconds a re-plan may wait for new links to be measured.")] = 60.0,
+    improvement: Annotated[float, typer.Option(help="Re-plan on the same peers only if this fraction faster.")] = 0.1,
+    reconsider: Annotated[float, typer.Option(help="Seconds between checks for a clearly better plan.")] = 30.0,
+    save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run the coordinator: watch the swarm, schedule it (DT-FM) and broadcast signed assignments.
+
+    Without --initial-peers it is the first node of a new swarm. It prints the line volunteers paste, with the
+    `--coordinator PEER_ID` they pin, and re-plans when peers come and go or a clearly better plan appears.
+    """
+    configure_logging(verbose)
+    model_config = load_model_config(model, **({"micro_batches": micro_batches} if micro_batches else {}))
+    planner_config = PlannerConfig(
+        model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
+        search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
+        measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider,
+    )
+    broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan)
+    node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
+                             announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
+    run_coordinator(node_config, planner_config, broadcast_config)
+
+
+def _degree(option: str, value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise RejectedInput(f"{option} must be a positive number or auto, got {value!r}") from None

@@ -1,0 +1,68 @@
+"""`hetswarm demo`: the thin command in front of hetswarm.client.local.demo."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from hetswarm.client.cli.options import VerboseOpt, configure_logging, console, err_console
+from hetswarm.client.cli.render import render_watch, summary_lines
+from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
+from hetswarm.protocol.errors import RejectedInput
+
+_COMPARED_WITH = {"scheduled": "random", "random": "scheduled", "default": "scheduled"}
+
+
+def demo(
+    clients: Annotated[int, typer.Option(help="Clients to start (two per world-wide region).")] = 8,
+    dp: Annotated[int, typer.Option("--dp", help="Pipelines; the stages are clients / dp.")] = 2,
+    steps: Annotated[int, typer.Option(help="Steps to measure the plan on, after the warm-up.")] = 12,
+    compare_steps: Annotated[int, typer.Option(help="Steps to measure the comparison plan on.")] = 6,
+    plan: Annotated[str, typer.Option(help="scheduled, random or default: the plan trained first.")] = "scheduled",
+    compare: Annotated[bool, typer.Option(help="Then train a second plan on the same clients and compare "
+                                               "(random, or scheduled when --plan is not).")] = True,
+    model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
+    bandwidth_scale: Annotated[float, typer.Option(help="Emulated bandwidths × this, so the traffic matters.")] = 0.005,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the data and the plans.")] = 0,
+    workdir: Annotated[Optional[Path], typer.Option(help="Where the logs and plans go (default: a temp folder).")] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run a whole swarm on this machine: a coordinator and N clients on 127.0.0.1 with world-wide links
+    emulated; they measure, schedule and train, and the summary compares measured with predicted step time and
+    the plan with a random one. Every process it starts is stopped at the end, and on Ctrl+C."""
+    configure_logging(verbose)
+    if plan not in _COMPARED_WITH:
+        raise RejectedInput(f"--plan must be scheduled, random or default, got {plan!r}")
+    placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
+    config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
+                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir)
+    try:
+        _run_demo(config, console)
+    except KeyboardInterrupt:
+        err_console.print("Interrupted: every process the demo started has been stopped.")
+        raise typer.Exit(130) from None
+
+
+def _run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
+    """`hetswarm demo`: run_swarm with a live view, then the summary; says where the logs are either way."""
+    workdir: list[Path] = []
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up as Ctrl+C does
+    try:
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            phases = run_swarm(config, on_update=lambda watch: live.update(render_watch(watch)),
+                               on_workdir=workdir.append)
+        console.print()
+        for line in summary_lines(phases):
+            console.print(line)
+        return phases
+    finally:
+        if workdir:
+            console.print(f"Logs: {workdir[0]}")
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt

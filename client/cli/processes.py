@@ -1,0 +1,159 @@
+"""The processes behind the long-running commands (`join`, `bootstrap`, `monitor`, `coordinator`): signals that
+leave cleanly, a DHT start that Ctrl+C does not reach, and each process's start-up order."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.live import Live
+
+from hetswarm.client.peer.emulation import SiteLinks
+from hetswarm.client.peer.hardware import probe_hardware, resolve_device
+from hetswarm.client.cli.render import render
+from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
+from hetswarm.client.training.trainer import TrainingSetup
+from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
+from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Runs `main(stop)` in a fresh event loop; SIGINT or SIGTERM set `stop` so main can leave cleanly."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Emulation:
+    """--emulate SCENARIO --site NAME [--bandwidth-scale X]."""
+
+    scenario: str
+    site: str
+    bandwidth_scale: float = 1.0
+
+    def site_links(self) -> SiteLinks:
+        links = SiteLinks.from_scenario(self.scenario, bandwidth_scale=self.bandwidth_scale)
+        links.check_site(self.site)
+        return links
+
+
+def announce(line: str) -> None:
+    """The ready-to-paste line for other peers, on stdout even when logging is quiet (as hivemind-dht does)."""
+    print(line, flush=True)
+
+
+def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: str | None, throughput: str,
+         emulation: Emulation | None, training: TrainingSetup | None = None) -> None:
+    """Serves as a volunteer until Ctrl+C; with `training`, trains the stage of every accepted assignment."""
+    site_links = emulation.site_links() if emulation else None  # fail on a bad scenario before starting anything
+    torch_device = resolve_device(device)
+    identity = identity_for(node_config)
+    dht = start_dht_for_process(node_config, identity)  # before torch's threads: the DHT forks
+    try:
+        hardware = probe_hardware(torch_device, throughput=throughput)
+
+        async def serve(stop: asyncio.Event) -> None:
+            node = await SwarmNode.attach(node_config, dht, identity, site_links=site_links,
+                                          site=emulation.site if emulation else None)
+            announce(f"Joined swarm {node_config.swarm!r} as {node.peer_id}. Others can join with: "
+                     f"{node.initial_peers_line}")
+            trainer = training.build(node, torch_device) if training else None
+            try:
+                await Volunteer(node, hardware, volunteer_config,
+                                on_assignment=trainer.follow if trainer else None).run(stop)
+            finally:
+                if trainer is not None:
+                    await trainer.close()
+                await node.p2p.shutdown()
+
+        run_until_signal(serve)
+    finally:
+        dht.shutdown()
+
+
+def bootstrap(node_config: NodeConfig) -> None:
+    """A DHT-only node for others to join through; it publishes nothing."""
+    dht = start_dht_for_process(node_config, identity_for(node_config))
+    try:
+        announce(f"Bootstrap node of swarm {node_config.swarm!r} is up. Volunteers join with:\n"
+                 f"  hetswarm join {initial_peers_line(dht)}")
+        run_until_signal(lambda stop: stop.wait())
+    finally:
+        dht.shutdown()
+
+
+def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0,
+            coordinator: str | None = None) -> None:
+    """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C."""
+    dht = start_dht_for_process(node_config, identity_for(node_config))
+    records = SwarmRecords(dht, node_config.swarm)
+    try:
+        async def read_snapshot() -> dict:
+            try:
+                return (await SwarmSnapshot.read(records)).to_json(coordinator)
+            except TimeoutError:
+                raise HetswarmError(f"the swarm's records could not be read within {records.timeout_s:.0f} s; "
+                                    "check --initial-peers and that those peers are up") from None
+
+        async def first_snapshot() -> dict:
+            deadline = asyncio.get_running_loop().time() + settle_s
+            snapshot = await read_snapshot()
+            while not snapshot["peers"] and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.5)  # a fresh node may not have found its neighbours yet
+                snapshot = await read_snapshot()
+            return snapshot
+
+        if once:
+            snapshot = asyncio.run(first_snapshot())
+            if as_json:
+                json.dump(snapshot, sys.stdout, indent=1)
+                print()
+            else:
+                Console().print(render(snapshot))
+            return
+
+        async def watch(stop: asyncio.Event) -> None:
+            with Live(render(await first_snapshot()), refresh_per_second=4) as live:
+                while not stop.is_set():
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=refresh_s)
+                    except TimeoutError:
+                        live.update(render(await read_snapshot()))
+
+        run_until_signal(watch)
+    finally:
+        dht.shutdown()
+
+
+def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broadcast_config: BroadcastConfig) -> None:
+    """Starts the DHT node, prints what volunteers paste (and pin), and broadcasts until Ctrl+C."""
+    identity = identity_for(node_config)
+    dht = start_dht_for_process(node_config, identity)
+    try:
+        announce(f"Coordinator of swarm {node_config.swarm!r} is up. Volunteers join with:\n"
+                 f"  hetswarm join {initial_peers_line(dht)} --swarm {node_config.swarm} "
+                 f"--coordinator {identity.peer_id}\nCoordinator peer id: {identity.peer_id}")
+        broadcaster = Broadcaster(dht, private_key=identity.private_key, coordinator_id=identity.peer_id,
+                                  replanner=Replanner(planner_config), config=broadcast_config)
+        run_until_signal(broadcaster.run)
+        logger.info("Coordinator stopped")
+    finally:
+        dht.shutdown()

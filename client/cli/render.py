@@ -1,0 +1,152 @@
+"""Everything drawn for people: the monitor's tables and the demo's live view and summary (rich).
+
+The monitor draws the JSON form of a SwarmSnapshot (what `--json` prints), so the two views cannot disagree.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from hetswarm.client.local.demo import DemoWatch, PhaseResult
+from hetswarm.protocol.keys import short_id
+
+__all__ = ["render", "render_watch", "summary_lines"]
+
+
+def peers_table(snapshot: dict[str, Any]) -> Table:
+    table = Table(title=f"swarm {snapshot['swarm']!r}: {snapshot['counts']['peers']} peers")
+    for column in ("peer", "name", "site", "device", "TFLOPS", "memory GiB", "state", "role", "last heard"):
+        table.add_column(column, justify="right" if column in ("TFLOPS", "memory GiB", "last heard") else "left")
+    for p in snapshot["peers"]:
+        table.add_row(p["short_id"], p["name"] or "", p["site"] or "", p["device_name"], f"{p['tflops']:.2f}",
+                      f"{p['memory_gib']:.1f}", p["state"], _role(p), f"{p['last_heard_s']:.0f} s ago")
+    return table
+
+
+def _role(peer: dict[str, Any]) -> str:
+    if peer["assignment_version"] is None:
+        return ""
+    role = peer["role"]
+    where = "standby" if role is None else f"stage {role['stage']}, replica {role['replica']}"
+    return f"v{peer['assignment_version']}: {where}"
+
+
+def links_table(snapshot: dict[str, Any]) -> Table:
+    """Latency / bandwidth from each row's peer to each column's peer; `?` where nobody measured."""
+    ids = [p["peer_id"] for p in snapshot["peers"]]
+    measured = {(link["src"], link["dst"]): link for link in snapshot["links"]}
+    counts = snapshot["counts"]
+    estimated = {frozenset((link["src"], link["dst"])): link for link in snapshot.get("estimated_links", [])}
+    table = Table(title=f"links, ms / Mbit/s ({counts['pairs_measured']} of {counts['pairs']} pairs measured; "
+                        "~ estimated)")
+    table.add_column("from \\ to")
+    for peer in ids:
+        table.add_column(short_id(peer), justify="right")
+    for src in ids:
+        cells = []
+        for dst in ids:
+            link = measured.get((src, dst))
+            guess = estimated.get(frozenset((src, dst)))
+            cells.append("—" if src == dst else f"{link['latency_ms']:.0f} / {link['bandwidth_mbps']:.0f}" if link
+                         else f"~{guess['latency_ms']:.0f} / {guess['bandwidth_mbps']:.0f}" if guess else "")
+        table.add_row(short_id(src), *cells)
+    return table
+
+
+def assignment_table(assignment: dict[str, Any]) -> Group:
+    """Stage × replica grid (name and site of each peer), the pipelines' chains, the bottleneck and the prediction."""
+    def label(peer: dict[str, Any]) -> str:
+        text = f"{peer['name'] or short_id(peer['peer_id'])} ({peer['site'] or '?'})"
+        return text if peer["alive"] else f"[red]{text} gone[/red]"
+
+    grid = Table(title=f"assignment v{assignment['version']} ({assignment['model']}): {assignment['d_dp']} pipelines "
+                       f"× {assignment['d_pp']} stages, {assignment['micro_batches']} micro-batches — "
+                       f"{assignment['reason']}")
+    grid.add_column("stage (layers)")
+    for replica in range(assignment["d_dp"]):
+        grid.add_column(f"replica {replica}")
+    for stage, (row, (a, b)) in enumerate(zip(assignment["grid"], assignment["stage_layers"])):
+        grid.add_row(f"{stage} [{a}, {b})", *(label(peer) for peer in row))
+    lines = [f"pipeline {r}: " + " → ".join(label(peer) for peer in chain)
+             for r, chain in enumerate(assignment["pipelines"])]
+    if assignment["standbys"]:
+        lines.append("standby: " + ", ".join(label(peer) for peer in assignment["standbys"]))
+    if (link := assignment["bottleneck_link"]) is not None:
+        lines.append(f"bottleneck link: stage {link['stage']}→{link['stage'] + 1} of pipeline {link['pipeline']}, "
+                     f"{label(link['src'])} → {label(link['dst'])}: {link['latency_ms']:.0f} ms, "
+                     f"{link['bandwidth_mbps']:.0f} Mbit/s{' (estimated)' if link['estimated'] else ''}, "
+                     f"{link['time_s']:.3f} s per pass")
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in assignment["breakdown"].items() if k != "step_s")
+    lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
+                 f"{assignment['followers']} peers follow this version")
+    return Group(grid, *lines)
+
+
+def progress_table(snapshot: dict[str, Any]) -> Table:
+    """Each training peer's latest step; step time = compute + waiting, beside the plan's prediction."""
+    names = {p["peer_id"]: p["name"] or p["short_id"] for p in snapshot["peers"]}
+    assignment = snapshot.get("assignment")
+    predicted = f", predicted {assignment['predicted_step_s']:.2f} s/step" if assignment else ""
+    table = Table(title=f"training progress{predicted}")
+    for column in ("peer", "plan", "step", "loss", "tokens/s", "compute s", "wait s", "step s"):
+        table.add_column(column, justify="left" if column in ("peer", "plan") else "right")
+    for p in sorted(snapshot["progress"], key=lambda p: names.get(p["peer_id"], p["peer_id"])):
+        loss = "" if p["loss"] is None else f"{p['loss']:.3f}"
+        table.add_row(names.get(p["peer_id"], short_id(p["peer_id"])), f"v{p['assignment_version']}", str(p["step"]),
+                      loss, f"{p['tokens_per_s']:.0f}", f"{p['compute_s']:.2f}", f"{p['wait_s']:.2f}",
+                      f"{p['compute_s'] + p['wait_s']:.2f}")
+    return table
+
+
+def render(snapshot: dict[str, Any]) -> Group:
+    parts = [peers_table(snapshot), links_table(snapshot)]
+    if snapshot.get("assignment") is not None:
+        parts.append(assignment_table(snapshot["assignment"]))
+    if snapshot["progress"]:
+        parts.append(progress_table(snapshot))
+    return Group(*parts)
+
+
+def render_watch(watch: DemoWatch) -> Group:
+    """The live view: what the swarm is doing, and one row per client."""
+    measured, pairs = watch.measured
+    phase = watch.phases[-1] if watch.phases else None
+    header = f"[bold]{watch.status}[/bold] — {len(watch.peers)} peers, {measured}/{pairs} links measured"
+    if phase is not None:
+        header += f"; plan v{phase.version} ({phase.placement}) predicted {phase.predicted_step_s:.2f} s/step"
+    table = Table()
+    for column in ("client", "site", "stage·pipeline", "state", "step", "loss", "tokens/s", "compute s", "wait s"):
+        table.add_column(column, justify="left" if column in ("client", "site", "state") else "right")
+    roles = watch.assignment.roles if watch.assignment else {}
+    for peer, record in sorted(watch.peers.items(), key=lambda item: item[1].public_name or item[0]):
+        p = watch.latest.get(peer)
+        role = roles.get(peer)
+        table.add_row(record.public_name or short_id(peer), record.site or "", f"{role.stage}·{role.replica}" if role else "—",
+                      record.state, str(p.step) if p else "", f"{p.loss:.3f}" if p and p.loss is not None else "",
+                      f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
+                      f"{p.wait_s:.2f}" if p else "")
+    return Group(header, table)
+
+
+def summary_lines(phases: list[PhaseResult]) -> list[str]:
+    """The demo's closing lines: the loss curve, measured vs predicted step time, and the speed-up."""
+    lines = []
+    first = phases[0]
+    if first.losses:
+        steps = sorted(first.losses)
+        lines.append(f"Loss ({first.placement} plan): {first.losses[steps[0]]:.3f} at step {steps[0]} → "
+                     f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}")
+    for phase in phases:
+        measured = "n/a" if phase.measured_step_s is None else f"{phase.measured_step_s:.2f} s"
+        error = "" if phase.error is None else f" ({phase.error:+.0%} vs predicted)"
+        lines.append(f"{phase.placement.capitalize()} plan: measured {measured}/step, predicted "
+                     f"{phase.predicted_step_s:.2f} s/step{error}; compute {phase.compute_s or 0:.2f} s, "
+                     f"waiting {phase.wait_s or 0:.2f} s per step")
+    if len(phases) > 1 and all(p.measured_step_s for p in phases):
+        for other in phases[1:]:
+            lines.append(f"Speed-up of the {first.placement} plan over the {other.placement} plan: "
+                         f"{other.measured_step_s / first.measured_step_s:.2f}× measured, "
+                         f"{other.predicted_step_s / first.predicted_step_s:.2f}× predicted")
+    return lines

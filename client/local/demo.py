@@ -1,0 +1,271 @@
+"""`hetswarm demo`: a whole swarm on one machine that measures, schedules, trains, and checks its own prediction.
+
+A bootstrap node and N clients start as separate processes on 127.0.0.1, their links emulated from the DT-FM
+world-wide scenario (two clients per region, so a plan can keep each stage group inside a region). Once every
+link is measured, a coordinator joins and publishes a plan; the clients train it while this process watches
+their Progress records through its own read-only DHT node. A plan is then replaced by the next one asked for
+(`random` by default) on the same clients and links: the coordinator restarts with the same identity, so the
+clients' pinned key still holds and the versions keep growing. Each phase's measured step time is the median,
+over the peers, of (time of the last step − time of the first step after warm-up) / steps between them, from the
+Progress records' timestamps; its predicted step time is the assignment's.
+
+Every process is started through LocalSwarm and reaped by PID in `finally`, on Ctrl+C too.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
+from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.protocol.model_config import MODEL_PRESETS
+from hetswarm.protocol.errors import ConfigError, HetswarmError
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+
+__all__ = ["DemoConfig", "DemoWatch", "PhaseResult", "REGIONS", "run_swarm"]
+
+logger = logging.getLogger(__name__)
+
+REGIONS = ("Oregon", "Tokyo", "Frankfurt", "Seoul", "Virginia", "London", "Ohio", "Ireland")
+"""World-wide scenario regions, in the order clients fill them."""
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoConfig:
+    """One demo or benchmark run: the swarm, and the plans it trains one after the other."""
+
+    clients: int = 8
+    regions: tuple[str, ...] = REGIONS
+    """World-wide scenario regions the clients fill, in order."""
+    clients_per_region: int = 2
+    """Clients in each region."""
+    dp: int = 2
+    """Pipelines; the stages are clients // dp."""
+    model: str = "tiny"
+    placements: tuple[str, ...] = ("scheduled", "random")
+    """Plans trained in turn on the same clients; the first is the one the loss curve is reported for."""
+    steps: tuple[int, ...] = (20, 10)
+    """Measured steps per placement, after the warm-up."""
+    warmup_steps: int = 2
+    scenario: str = "worldwide"
+    bandwidth_scale: float = 0.005
+    """Emulated bandwidths × this, so that a tiny model's traffic outweighs its compute on a shared CPU."""
+    seed: int = 0
+    time_budget_s: float = 2.0
+    workdir: Path | None = None
+    start_timeout_s: float = 180.0
+    """For the clients to come up and measure every link, and for each plan to reach its first step."""
+    step_timeout_s: float = 60.0
+    """Most seconds any one step may take before the run is given up."""
+
+    def __post_init__(self) -> None:
+        if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
+            raise ConfigError(f"clients ({self.clients}) must be a multiple of dp ({self.dp}), at least 2")
+        if self.clients_per_region < 1 or self.clients > self.clients_per_region * len(self.regions):
+            raise ConfigError(f"{self.clients} clients do not fit {len(self.regions)} regions with "
+                             f"{self.clients_per_region} per region")
+        if self.model not in MODEL_PRESETS:
+            raise ConfigError(f"unknown model {self.model!r}; presets: {', '.join(MODEL_PRESETS)}")
+        if len(self.placements) != len(self.steps) or not self.placements:
+            raise ConfigError(f"one step count per placement: {self.placements} vs {self.steps}")
+        for placement in self.placements:
+            if placement not in ("scheduled", "random", "default"):
+                raise ConfigError(f"placement must be scheduled, random or default, got {placement!r}")
+        if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0:
+            raise ConfigError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0; got {self.steps}, "
+                             f"{self.warmup_steps}, {self.bandwidth_scale}")
+
+    @property
+    def pp(self) -> int:
+        return self.clients // self.dp
+
+    def sites(self) -> list[tuple[str, str]]:
+        """(client name, region) of every client."""
+        per_region = self.clients_per_region
+        return [(f"{self.regions[i // per_region].lower()}-{i % per_region + 1}", self.regions[i // per_region])
+                for i in range(self.clients)]
+
+
+@dataclass
+class PhaseResult:
+    """One plan's run: what was predicted, what was measured, and the losses seen."""
+
+    placement: str
+    version: int
+    predicted_step_s: float
+    breakdown: dict[str, float]
+    first_step: int
+    measured_step_s: float | None = None
+    compute_s: float | None = None
+    wait_s: float | None = None
+    losses: dict[int, float] = field(default_factory=dict)
+    """Step → mean loss of the last-stage peers that reported it."""
+
+    @property
+    def error(self) -> float | None:
+        """Measured relative to predicted: +0.1 means 10 % slower than predicted."""
+        return None if self.measured_step_s is None else self.measured_step_s / self.predicted_step_s - 1
+
+
+class DemoWatch:
+    """What this process has seen of the swarm through its read-only DHT node."""
+
+    def __init__(self, records: SwarmRecords, coordinator_id: str) -> None:
+        self.records, self.coordinator_id = records, coordinator_id
+        self.peers: dict[str, PeerRecord] = {}
+        self.assignment: Assignment | None = None
+        self.history: dict[tuple[str, int, int], Progress] = {}
+        """(peer, assignment version, step) → its Progress record."""
+        self.latest: dict[str, Progress] = {}
+        self.measured: tuple[int, int] = (0, 0)
+        """(pairs measured, pairs) among the present peers."""
+        self.status = "starting"
+        self.phases: list[PhaseResult] = []
+
+    async def refresh(self) -> None:
+        """One snapshot more; a read past its deadline leaves what was seen before."""
+        try:
+            snapshot = await SwarmSnapshot.read(self.records)
+        except TimeoutError:
+            logger.debug("Reading the demo swarm's records timed out; trying again")
+            return
+        self.peers, self.measured = snapshot.peers, snapshot.links_measured()
+        self.assignment = snapshot.assignment(self.coordinator_id) or self.assignment
+        for peer, record in snapshot.progress.items():
+            self.history.setdefault((peer, record.assignment_version, record.step), record)
+            self.latest[peer] = record
+
+    def steps_of(self, version: int) -> dict[str, list[Progress]]:
+        by_peer: dict[str, list[Progress]] = {}
+        for (peer, v, _), record in sorted(self.history.items()):
+            if v == version:
+                by_peer.setdefault(peer, []).append(record)
+        return by_peer
+
+
+def measured_step_s(by_peer: dict[str, list[Progress]], *, from_step: int) -> float | None:
+    """Median over peers of the mean step period after `from_step`, from the records' publication times."""
+    periods = []
+    for records in by_peer.values():
+        kept = sorted((r for r in records if r.step >= from_step), key=lambda r: r.step)
+        if len(kept) >= 2 and kept[-1].step > kept[0].step:
+            periods.append((kept[-1].updated_at - kept[0].updated_at) / (kept[-1].step - kept[0].step))
+    return statistics.median(periods) if periods else None
+
+
+async def _wait(watch: DemoWatch, done: Callable[[], bool], timeout_s: float, what: str,
+                on_update: Callable[[DemoWatch], None]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await watch.refresh()
+        on_update(watch)
+        if done():
+            return
+        if time.monotonic() > deadline:
+            raise HetswarmError(f"the demo swarm did not {what} within {timeout_s:.0f} s")
+        await asyncio.sleep(_POLL_S)
+
+
+async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, placement: str, steps: int,
+                     coordinator_key: Path, on_update: Callable[[DemoWatch], None]) -> PhaseResult:
+    n = config.clients
+    watch.status = f"{placement} run: clients measure their links"
+    await _wait(watch, lambda: len(watch.peers) == n and watch.measured[0] == n * (n - 1) // 2,
+                config.start_timeout_s, f"bring up {n} clients and measure every link", on_update)
+    watch.status = f"{placement} run: the coordinator plans"
+    swarm.start(
+        "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,
+        "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
+        "--dp", str(config.dp), "--pp", str(config.pp), "--min-peers", str(n), "--plan", placement,
+        "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
+        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"))
+    await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
+                on_update)
+    assignment = watch.assignment
+    phase = PhaseResult(placement=placement, version=assignment.version, first_step=assignment.step,
+                        predicted_step_s=assignment.predicted_step_s, breakdown=dict(assignment.breakdown))
+    watch.phases.append(phase)
+    watch.status = f"{placement} run: training"
+    last = assignment.step + config.warmup_steps + steps
+    reached = lambda: sum(1 for r in watch.steps_of(phase.version).values() if r[-1].step >= last) == n
+    await _wait(watch, reached, config.start_timeout_s + config.step_timeout_s * (last - assignment.step),
+                f"train {last - assignment.step} steps of the {placement} plan", on_update)
+    _measure(phase, watch, assignment, config.warmup_steps)
+    watch.status = f"{placement} run: done"
+    return phase
+
+
+def _measure(phase: PhaseResult, watch: DemoWatch, assignment: Assignment, warmup_steps: int) -> None:
+    by_peer = watch.steps_of(phase.version)
+    phase.measured_step_s = measured_step_s(by_peer, from_step=phase.first_step + warmup_steps)
+    kept = [r for records in by_peer.values() for r in records if r.step >= phase.first_step + warmup_steps]
+    phase.compute_s = statistics.median(r.compute_s for r in kept) if kept else None
+    phase.wait_s = statistics.median(r.wait_s for r in kept) if kept else None
+    last_stage = {p for p, role in assignment.roles.items() if role.stage == assignment.d_pp - 1}
+    for step in sorted({r.step for records in by_peer.values() for r in records}):
+        losses = [by_peer[p][i].loss for p in last_stage if p in by_peer
+                  for i in range(len(by_peer[p])) if by_peer[p][i].step == step and by_peer[p][i].loss is not None]
+        if losses:
+            phase.losses[step] = sum(losses) / len(losses)
+
+
+def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = lambda watch: None,
+              on_workdir: Callable[[Path], None] = lambda path: None) -> list[PhaseResult]:
+    """Trains every placement of `config` in turn, each on a fresh swarm of the same identities and sites (so
+    no plan inherits another's state or a half-finished switch), and reaps every process it started.
+
+    Raises:
+        HetswarmError: a process did not come up, or training did not progress in time (the logs are named).
+    """
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="hetswarm-demo-"))
+    on_workdir(workdir)
+    keys = workdir / "keys"
+    coordinator_id = peer_id_of(load_identity(keys / "coordinator.key").get_public_key())  # clients pin it first
+    phases: list[PhaseResult] = []
+    for placement, steps in zip(config.placements, config.steps):
+        swarm = LocalSwarm("demo", workdir=workdir / f"run-{placement}")
+        swarm.workdir.mkdir(parents=True, exist_ok=True)
+        dht = None
+        try:
+            swarm.start_bootstrap()
+            for name, region in config.sites():
+                load_identity(keys / f"{name}.key")
+                shutil.copy(keys / f"{name}.key", swarm.workdir / f"{name}.key")  # the same peer ids every run
+                swarm.start_client(
+                    name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
+                    str(config.bandwidth_scale), "--coordinator", coordinator_id, "--seed", str(config.seed),
+                    "--torch-threads", "1", "--ttl", "20")
+            node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
+                                     host_maddrs=(LOOPBACK,), client_mode=True)
+            dht = start_dht_for_process(node_config, identity_for(node_config))
+            watch = DemoWatch(SwarmRecords(dht, swarm.swarm), coordinator_id)
+            watch.phases = phases
+            asyncio.run(_run_phase(swarm, watch, config, placement, steps, keys / "coordinator.key", on_update))
+        finally:
+            _close(swarm, dht)
+    return phases
+
+
+def _close(swarm: LocalSwarm, dht) -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not cut the clean-up short
+    try:
+        for peer in swarm.peers:  # all leave at once; close() then waits for each and kills what is left
+            peer.signal(signal.SIGINT)
+        if dht is not None:
+            dht.shutdown()
+        swarm.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)

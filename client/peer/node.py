@@ -1,0 +1,175 @@
+"""A peer of the swarm: its DHT node (a forked process with its own p2pd) and its P2P replica for streams."""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import logging
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hivemind
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.crypto import RSAPrivateKey
+
+from hetswarm.client.peer.addresses import ANY_HOST, check_maddrs
+from hetswarm.client.peer.emulation import EmulatedP2P, LinkShaper, SiteLinks
+from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import check_swarm_name
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.signing import make_validators
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SWARM = "hetswarm"
+DHT_START_TIMEOUT_S = 60.0
+SITE_REFRESH_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeConfig:
+    """How a peer joins: where it listens, whom it knows, who it is."""
+
+    swarm: str = DEFAULT_SWARM
+    initial_peers: tuple[str, ...] = ()
+    host_maddrs: tuple[str, ...] = (ANY_HOST,)
+    announce_maddrs: tuple[str, ...] = ()
+    identity_path: Path | None = None
+    """libp2p identity (RSA), created if missing; None for a throw-away identity."""
+    client_mode: bool = False
+    """Accept no inbound connections (monitors, peers behind NAT)."""
+
+    def __post_init__(self) -> None:
+        check_swarm_name(self.swarm)
+        object.__setattr__(self, "initial_peers", tuple(check_maddrs(self.initial_peers, option="--initial-peers", need_peer_id=True)))
+        object.__setattr__(self, "host_maddrs", tuple(check_maddrs(self.host_maddrs, option="--host-maddrs")))
+        object.__setattr__(self, "announce_maddrs", tuple(check_maddrs(self.announce_maddrs, option="--announce-maddrs")))
+
+
+def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
+    """Starts the DHT process; call before any thread, CUDA or heavy torch work (it forks: docs/hivemind.md)."""
+    dht = hivemind.DHT(
+        initial_peers=list(config.initial_peers),
+        host_maddrs=list(config.host_maddrs),
+        announce_maddrs=list(config.announce_maddrs) or None,
+        identity_path=str(identity.path),
+        client_mode=config.client_mode,
+        record_validators=make_validators(config.swarm, identity.private_key),
+        start=False,
+    )
+    try:
+        dht.run_in_background(await_ready=True, timeout=DHT_START_TIMEOUT_S)
+    except Exception as e:
+        dht.shutdown()
+        raise HetswarmError(f"could not start the DHT node ({type(e).__name__}: {e}); check --initial-peers and that those peers are up") from None
+    return dht
+
+
+@contextlib.contextmanager
+def _ignoring_sigint() -> Iterator[None]:
+    """Children forked meanwhile (the DHT process and its p2pd) ignore Ctrl+C, so we can say goodbye first."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start_dht_for_process(config: NodeConfig, identity: Identity) -> hivemind.DHT:
+    """The DHT of a CLI process: Ctrl+C reaches us, not the DHT, which we shut down ourselves."""
+    with _ignoring_sigint():
+        return start_dht(config, identity)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The RSA key that is both the libp2p identity (peer id) and the record-signing key."""
+
+    path: Path
+    private_key: RSAPrivateKey
+
+    @property
+    def peer_id(self) -> str:
+        return peer_id_of(self.private_key.get_public_key())
+
+
+def identity_for(config: NodeConfig) -> Identity:
+    """The configured identity, or a throw-away one for this run (removed at exit)."""
+    path = config.identity_path
+    if path is None:
+        folder = tempfile.mkdtemp(prefix="hetswarm-identity-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = Path(folder) / "identity.key"
+    return Identity(path, load_identity(path))
+
+
+@dataclass
+class SwarmNode:
+    """A started peer; `p2p` shares the DHT's peer id, and is emulated when the client emulates its links."""
+
+    config: NodeConfig
+    dht: hivemind.DHT
+    identity: Identity
+    p2p: P2P | EmulatedP2P
+    sites: dict[str, str] = field(default_factory=dict)
+    """Peer id → emulated site, from the peers' records; the link shaper reads it."""
+    _looked_up_at: dict[str, float] = field(default_factory=dict)
+    _sites_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def site_of(self, peer: PeerID) -> str | None:
+        """A peer's emulated site; a peer not seen yet makes us read the records (at most once a second per peer)."""
+        peer_id = peer.to_base58()
+        if peer_id in self.sites:
+            return self.sites[peer_id]  # known peers never wait behind another peer's lookup
+        async with self._sites_lock:
+            now = time.monotonic()
+            if peer_id not in self.sites and now - self._looked_up_at.get(peer_id, -SITE_REFRESH_S) >= SITE_REFRESH_S:
+                self._looked_up_at[peer_id] = now
+                try:
+                    records = await self.records.peers()
+                except TimeoutError:
+                    return None  # the next message to this peer looks again
+                self.sites.update({p: r.site for p, r in records.items() if r.site is not None})
+        return self.sites.get(peer_id)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @functools.cached_property
+    def records(self) -> SwarmRecords:
+        """The swarm's records, read and signed by this peer, every call under a deadline."""
+        return SwarmRecords(self.dht, self.config.swarm, private_key=self.private_key)
+
+    @property
+    def private_key(self) -> RSAPrivateKey:
+        return self.identity.private_key
+
+    @property
+    def initial_peers_line(self) -> str:
+        return initial_peers_line(self.dht)
+
+    @classmethod
+    async def attach(cls, config: NodeConfig, dht: hivemind.DHT, identity: Identity, *,
+                     site_links: SiteLinks | None = None, site: str | None = None) -> SwarmNode:
+        """Replicates the DHT's P2P into this event loop, wrapped in link emulation when asked."""
+        p2p = await dht.replicate_p2p()
+        node = cls(config, dht, identity, p2p)
+        if site_links is not None:
+            if site is None:
+                raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
+            shaper = LinkShaper(site_links, site, node.site_of)
+            node.p2p = EmulatedP2P(p2p, shaper)
+        return node
+
+
+def initial_peers_line(dht: hivemind.DHT) -> str:
+    """The ready-to-paste options that let another peer join through this one."""
+    return " ".join(f"--initial-peers {m}" for m in dht.get_visible_maddrs())

@@ -1,0 +1,146 @@
+"""One typed snapshot of a swarm's records, read once for whoever watches: the monitor, the demo, scripts.
+
+`SwarmSnapshot.to_json` is the shape `hetswarm monitor --json` prints: beside the peers and their links, the
+current assignment (the pinned coordinator's, or the newest version anyone published) with the stage × replica
+grid of peer names and sites, each pipeline's chain, the bottleneck link priced on the links as the coordinator
+sees them (unmeasured ones estimated and flagged), and the predicted step time.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hivemind.utils import get_dht_time
+
+from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.plan import cost_plan
+from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
+from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress
+from hetswarm.protocol.units import MBPS_PER_GBPS
+
+__all__ = ["SwarmSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmSnapshot:
+    """Every valid record of a swarm at one moment, by signer."""
+
+    swarm: str
+    peers: dict[PeerId, PeerRecord]
+    assignments: dict[PeerId, Assignment]
+    progress: dict[PeerId, Progress]
+    read_at: float
+    """hivemind DHT time of the read."""
+
+    @classmethod
+    async def read(cls, records: SwarmRecords) -> SwarmSnapshot:
+        """Reads the three keys (each under the reader's deadline: TimeoutError past it)."""
+        read_at = get_dht_time()
+        return cls(swarm=records.swarm, peers=await records.peers(), assignments=await records.assignments(),
+                   progress=await records.progress(), read_at=read_at)
+
+    def assignment(self, coordinator: PeerId | None = None) -> Assignment | None:
+        """The pinned coordinator's assignment, or else the newest version anyone published."""
+        if coordinator is not None:
+            return self.assignments.get(coordinator)
+        return max(self.assignments.values(), key=lambda a: (a.version, a.issued_at), default=None)
+
+    def links_measured(self) -> tuple[int, int]:
+        """(pairs of present peers with a measured link, pairs of present peers); leaving peers do not count."""
+        ids = [p for p, r in self.peers.items() if r.state != "leaving"]
+        measured = {frozenset((src, dst)) for src in ids for dst in self.peers[src].links if dst in ids}
+        return len(measured), len(ids) * (len(ids) - 1) // 2
+
+    def to_json(self, coordinator: PeerId | None = None) -> dict[str, Any]:
+        """Peers, their links, the counts and the current assignment, as plain data (the shape `--json` prints)."""
+        return _as_json(self, coordinator)
+
+
+def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, Any]:
+    now, swarm, records, progress = snapshot.read_at, snapshot.swarm, snapshot.peers, snapshot.progress
+    peers = [
+        {
+            "peer_id": r.peer_id, "short_id": short_id(r.peer_id), "name": r.public_name, "site": r.site,
+            "device": r.hardware.device, "device_name": r.hardware.device_name, "tflops": r.hardware.tflops,
+            "dtype": r.hardware.dtype, "memory_gib": r.hardware.memory_gib, "state": r.state,
+            "last_heard_s": max(0.0, now - r.updated_at), "version": r.version,
+            "assignment_version": r.assignment_version, "role": r.role.dict() if r.role else None,
+        }
+        for r in sorted(records.values(), key=lambda r: (r.public_name or "", r.peer_id))
+    ]
+    links = [
+        {"src": src, "dst": dst, "latency_ms": m.latency_ms, "bandwidth_mbps": m.bandwidth_mbps,
+         "age_s": max(0.0, now - m.measured_at), "samples": m.samples}
+        for src, record in records.items() for dst, m in record.links.items() if dst in records
+    ]
+    measured = {frozenset((link["src"], link["dst"])) for link in links}
+    pairs = [frozenset(pair) for pair in itertools.combinations(records, 2)]
+    states = [r.state for r in records.values()]
+    view = build_view(records) if trainable_peers(records) else None
+    return {
+        "swarm": swarm,
+        "peers": peers,
+        "links": links,
+        "counts": {
+            "peers": len(peers),
+            "by_state": {state: states.count(state) for state in sorted(set(states))},
+            "pairs": len(pairs),
+            "pairs_measured": sum(pair in measured for pair in pairs),
+        },
+        "estimated_links": [] if view is None else [
+            {"src": view.peer_ids[i], "dst": view.peer_ids[j], "method": how,
+             "latency_ms": float(view.network.latency_ms[i, j]),
+             "bandwidth_mbps": float(view.network.bandwidth_gbps[i, j]) * MBPS_PER_GBPS}
+            for (i, j), how in sorted(view.estimated.items())],
+        "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
+        "assignment": _current_assignment(snapshot.assignment(coordinator), records, view),
+        "progress": [p.dict() for p in progress.values()],
+    }
+
+
+def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord],
+                        view: SwarmView | None) -> dict[str, Any] | None:
+    """The assignment to show, with names, sites and its bottleneck link filled in from the peers' records."""
+    if assignment is None:
+        return None
+
+    def who(peer: str) -> dict[str, Any]:
+        record = records.get(peer)
+        return {"peer_id": peer, "name": record.public_name if record else None, "site": record.site if record else None,
+                "alive": record is not None and record.state != "leaving"}
+
+    placed = [peer for chain in assignment.pipelines for peer in chain]
+    return {
+        "version": assignment.version, "coordinator_id": assignment.coordinator_id, "reason": assignment.reason,
+        "d_pp": assignment.d_pp, "d_dp": assignment.d_dp, "stage_layers": assignment.stage_layers,
+        "micro_batches": assignment.micro_batches, "model": assignment.model.get("name"),
+        "predicted_step_s": assignment.predicted_step_s, "breakdown": assignment.breakdown,
+        "grid": [[who(chain[stage]) for chain in assignment.pipelines] for stage in range(assignment.d_pp)],
+        "pipelines": [[who(peer) for peer in chain] for chain in assignment.pipelines],
+        "standbys": [who(p) for p in sorted(records) if p not in assignment.roles and records[p].state != "leaving"],
+        "bottleneck_link": _bottleneck(assignment, view, placed, who),
+        "followers": sum(r.assignment_version == assignment.version for r in records.values()),
+    }
+
+
+def _bottleneck(assignment: Assignment, view: SwarmView | None, placed: list[str], who) -> dict[str, Any] | None:
+    """The slowest pipeline hop of the assignment on the current links; None if a placed peer has gone."""
+    if assignment.d_pp < 2 or view is None or not set(placed) <= set(view.peer_ids):
+        return None
+    try:
+        model = assignment.model_config()
+    except (TypeError, ValueError):
+        return None
+    peers = view.subset(placed)
+    grid = np.arange(len(placed)).reshape(assignment.d_dp, assignment.d_pp).T  # placed is pipeline-major
+    payloads = Payloads.from_model(model, d_dp=assignment.d_dp, d_pp=assignment.d_pp)
+    plan = cost_plan(PaperCostModel(peers.network, payloads, d_dp=assignment.d_dp, d_pp=assignment.d_pp), grid)
+    a, b = plan.bottleneck.devices
+    return {"stage": plan.bottleneck.stage, "pipeline": plan.bottleneck.pipeline, "time_s": plan.bottleneck.time_s,
+            "src": who(placed[a]), "dst": who(placed[b]), "latency_ms": float(peers.network.latency_ms[a, b]),
+            "bandwidth_mbps": float(peers.network.bandwidth_gbps[a, b]) * MBPS_PER_GBPS,
+            "estimated": tuple(sorted((a, b))) in peers.estimated}

@@ -1,0 +1,23 @@
+"""The pipeline runtime: one stage of a plan, trained over direct peer streams. Of ours it imports only
+hetswarm.protocol and hetswarm.client.peer.
+
+ * model.py             - GPT stages (nanoGPT-style) and their loss, built for a layer range from a seed
+ * data.py              - byte-level tokens; a default corpus that needs no download
+ * reference.py         - the single-process step that a distributed step must equal
+ * neighbour_streams.py - activation and gradient frames between pipeline neighbours
+ * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner)
+ * stage_worker.py      - one stage's GPipe step, composed from the pieces above
+ * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce
+ * trainer.py           - follows assignments: (re)starts the stage worker, publishes progress
+"""
+from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, PartialAllReduce, StageError
+from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
+from hetswarm.client.training.reference import reference_step
+from hetswarm.client.training.stage_worker import StageConfig, StageWorker, start_stage
+from hetswarm.client.training.trainer import Trainer, TrainerConfig, TrainingSetup
+
+__all__ = [
+    "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageConfig", "StageError", "StageModule",
+    "StageWorker", "Trainer", "TrainerConfig", "TrainingSetup", "build_full_model", "build_stage", "loss",
+    "reference_step", "start_stage",
+]

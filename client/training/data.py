@@ -1,0 +1,124 @@
+"""Byte-level training data: every byte is a token (vocab 256), so no tokenizer has to be downloaded.
+
+The corpus is the user's text (a file, or every *.txt and *.md file under a folder) or, with no path, English-like
+text generated from a built-in word list by a seeded RNG, so `hetswarm demo` needs nothing from the internet and
+an installed wheel carries no data file. Pipeline i of n reads only shard i (the i-th contiguous n-th of the
+corpus). A micro-batch is a pure function of (seed, step, pipeline, micro-batch): the first stage (which needs the
+inputs) and the last stage (which needs the targets) of a pipeline draw the same one without talking.
+"""
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.errors import HetswarmError
+
+__all__ = ["DataError", "TokenSource", "default_corpus", "read_corpus", "sequences_per_micro_batch"]
+
+DEFAULT_CORPUS_BYTES = 1 << 20
+"""Size of the generated corpus: enough for the demo's small models to learn from without repeating a batch."""
+
+_TEXT_SUFFIXES = (".txt", ".md")
+
+_SUBJECTS = ("the volunteer", "a peer", "the coordinator", "every stage", "the swarm", "a replica", "the monitor",
+             "each pipeline", "the scheduler", "a new client", "the last stage", "the first stage")
+_VERBS = ("sends", "receives", "averages", "measures", "schedules", "trains", "publishes", "refuses", "checks",
+          "splits", "forwards", "stores")
+_OBJECTS = ("the activations", "its gradients", "a new plan", "the link matrix", "the signed record",
+            "every micro-batch", "the model weights", "a stream of bytes", "the loss", "its layers")
+_ENDINGS = ("over the internet", "before the next step", "in lock-step", "with its neighbours", "at once",
+            "after a short wait", "without a crash", "for the whole group", "on a slow link", "again and again")
+
+
+class DataError(HetswarmError):
+    """The training data cannot be used: a missing path, no text files, or a corpus too short to cut batches."""
+
+
+def default_corpus(n_bytes: int = DEFAULT_CORPUS_BYTES, *, seed: int = 0) -> bytes:
+    """Paragraphs of simple sentences drawn by a seeded RNG: the same bytes on every machine and version."""
+    rng = random.Random(seed)
+    paragraphs, size = [], 0
+    while size < n_bytes:
+        sentences = []
+        for _ in range(rng.randint(3, 7)):
+            words = (rng.choice(table) for table in (_SUBJECTS, _VERBS, _OBJECTS, _ENDINGS))
+            sentence = " ".join(words)
+            sentences.append(sentence[0].upper() + sentence[1:] + ".")
+        paragraphs.append(" ".join(sentences))
+        size += len(paragraphs[-1]) + 2
+    return "\n\n".join(paragraphs).encode()[:n_bytes]
+
+
+def read_corpus(path: Path) -> bytes:
+    """The bytes of a file, or of every *.txt and *.md file under a folder in sorted path order, joined by newlines.
+
+    Raises:
+        DataError: the path does not exist, or a folder holds no text file.
+    """
+    if path.is_file():
+        return path.read_bytes()
+    if not path.is_dir():
+        raise DataError(f"training data {str(path)!r} does not exist")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
+    if not files:
+        raise DataError(f"folder {str(path)!r} holds no {' or '.join(_TEXT_SUFFIXES)} file to train on")
+    return b"\n".join(f.read_bytes() for f in files)
+
+
+def sequences_per_micro_batch(config: ModelConfig, n_pipelines: int) -> int:
+    """Sequences in one micro-batch of one pipeline: batch_tokens split over pipelines and micro-batches.
+
+    Rounded down (at least one sequence), so a step may train on slightly fewer tokens than batch_tokens when the
+    data-parallel degree does not divide the batch.
+    """
+    sequences = config.batch_tokens // config.seq_len
+    return max(1, sequences // (n_pipelines * config.micro_batches))
+
+
+class TokenSource:
+    """A corpus of byte tokens from which any pipeline can draw any micro-batch of any step, deterministically."""
+
+    def __init__(self, corpus: bytes, *, seed: int = 0) -> None:
+        if not corpus:
+            raise DataError("the training corpus is empty")
+        self.tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)  # (N,)
+        self.seed = seed
+
+    @classmethod
+    def from_path(cls, path: str | Path | None, *, seed: int = 0) -> "TokenSource":
+        """The corpus at ``path`` (a file or a folder, as the user's --data gives it), or the default corpus."""
+        return cls(default_corpus() if path is None else read_corpus(Path(path)), seed=seed)
+
+    def shard(self, pipeline: int, n_pipelines: int) -> torch.Tensor:
+        """The contiguous part of the corpus that pipeline ``pipeline`` of ``n_pipelines`` reads."""
+        if not 0 <= pipeline < n_pipelines:
+            raise ValueError(f"pipeline must be in [0, {n_pipelines}), got {pipeline}")
+        n = len(self.tokens)
+        return self.tokens[pipeline * n // n_pipelines : (pipeline + 1) * n // n_pipelines]
+
+    def batch(
+        self, *, step: int, pipeline: int, n_pipelines: int, micro_batch: int, micro_batch_size: int, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch ``micro_batch`` of pipeline ``pipeline`` at optimizer step ``step``.
+
+        Each row is a window of seq_len + 1 bytes at a random offset in the pipeline's shard, the RNG seeded by
+        (seed, step, pipeline, micro_batch); the targets are the inputs shifted left by one token.
+
+        Returns:
+            (inputs, targets), both int64 of shape (micro_batch_size, seq_len).
+
+        Raises:
+            DataError: the shard is shorter than seq_len + 1 bytes.
+        """
+        shard = self.shard(pipeline, n_pipelines)
+        windows = len(shard) - seq_len  # window starts 0 .. len - seq_len - 1
+        if windows < 1:
+            raise DataError(f"the corpus ({len(self.tokens)} bytes) cut into {n_pipelines} shards leaves "
+                            f"{len(shard)} bytes for pipeline {pipeline}: fewer than seq_len + 1 = {seq_len + 1}")
+        entropy = np.random.SeedSequence([self.seed, step, pipeline, micro_batch]).generate_state(1, np.uint64)[0]
+        generator = torch.Generator().manual_seed(int(entropy))
+        starts = torch.randint(windows, (micro_batch_size, 1), generator=generator)  # (B, 1)
+        rows = shard[starts + torch.arange(seq_len + 1)].long()  # (B, T + 1)
+        return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)

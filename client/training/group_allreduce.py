@@ -1,0 +1,181 @@
+"""The all-reduce of one stage's gradients inside its fixed data-parallel group.
+
+hivemind's ``AllReduceRunner`` (butterfly: reduce-scatter, then all-gather) is driven directly, without
+``DecentralizedAverager``'s matchmaking: the assignment already fixes the group. Every member builds a runner
+with the same sorted peer list and the same group id, a hash of (swarm, assignment version, step, stage).
+``GroupRouter`` is the servicer the runners call each other through: it hands each incoming part stream to the
+local runner of that group id, waiting for it when a faster member's part arrives before this member has
+finished its own backward pass (as ``DecentralizedAverager.rpc_aggregate_part`` does).
+
+A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
+(docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
+after every round and raises ``PartialAllReduce`` rather than hand back a partial average.
+"""
+import asyncio
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import AsyncIterator  # ServicerBase recognises streams by typing.AsyncIterator only
+
+import torch
+from hivemind.averaging.allreduce import AllReduceRunner, GroupID
+from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import achain, aenumerate, as_aiter
+
+from hetswarm.client.training.errors import PartialAllReduce
+
+__all__ = ["GroupRouter", "StageGroup"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_PART_BYTES = 4096
+
+
+@dataclass(slots=True)
+class _Round:
+    """A local runner, and the part streams of other members it is still answering."""
+
+    runner: AllReduceRunner
+    serving: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GroupRouter(ServicerBase):
+    """Routes ``rpc_aggregate_part`` streams to the runner of their group id; refuses non-members."""
+
+    def __init__(self, members: Sequence[PeerID], *, join_wait_s: float) -> None:
+        self.members, self.join_wait_s = frozenset(members), join_wait_s
+        self._rounds: dict[GroupID, _Round] = {}
+        self._registered = asyncio.Condition()
+
+    async def register(self, runner: AllReduceRunner) -> _Round:
+        async with self._registered:
+            self._rounds[runner.group_id] = round_ = _Round(runner)
+            round_.drained.set()
+            self._registered.notify_all()
+        return round_
+
+    def unregister(self, runner: AllReduceRunner) -> None:
+        self._rounds.pop(runner.group_id, None)
+
+    async def _round_of(self, group_id: GroupID) -> _Round | None:
+        try:
+            async with asyncio.timeout(self.join_wait_s), self._registered:
+                await self._registered.wait_for(lambda: group_id in self._rounds)
+        except TimeoutError:
+            return None
+        return self._rounds.get(group_id)
+
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        if context.remote_id not in self.members:
+            logger.warning(f"Refused all-reduce parts from {context.remote_id}: not a member of this stage group")
+            yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        try:
+            async with asyncio.timeout(self.join_wait_s):
+                first = await anext(stream)
+        except (TimeoutError, StopAsyncIteration):
+            yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        round_ = await self._round_of(first.group_id)
+        if round_ is None:
+            logger.debug(f"No all-reduce round {first.group_id.hex()[:8]} here for {context.remote_id}")
+            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            return
+        round_.serving += 1
+        round_.drained.clear()
+        try:
+            async for message in round_.runner.rpc_aggregate_part(achain(as_aiter(first), stream), context):
+                yield message
+        finally:
+            round_.serving -= 1
+            if round_.serving == 0:
+                round_.drained.set()
+
+
+class StageGroup:
+    """The replicas of one stage, averaging their gradients once per step."""
+
+    def __init__(
+        self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
+        reducer_timeout_s: float,
+    ) -> None:
+        """
+        Args:
+            members: every replica of this stage, this peer included; sorted here so all members agree.
+            namespace: handler namespace, the same on every member (per swarm and stage).
+            round_tag: names the assignment and stage; with the step it makes the group id of a round.
+            sender_timeout_s: how long a member may be late with its parts before it is left out; covers the
+                spread between the members' backward passes. Must be below ``reducer_timeout_s``.
+        """
+        if p2p.peer_id not in members:
+            raise ValueError(f"{p2p.peer_id} is not among the group members {list(map(str, members))}")
+        if not 0 < sender_timeout_s < reducer_timeout_s:
+            raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
+                             f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
+        self.p2p, self.namespace, self.round_tag = p2p, namespace, round_tag
+        self.members = sorted(members, key=lambda peer: peer.to_bytes())
+        self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
+        self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s)
+
+    async def attach(self) -> None:
+        await self.router.add_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def detach(self) -> None:
+        await self.router.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    def group_id(self, step: int) -> GroupID:
+        return hashlib.sha256(f"{self.round_tag}/step{step}".encode()).digest()
+
+    async def average(self, tensors: Sequence[torch.Tensor], *, step: int) -> None:
+        """Replaces ``tensors`` in place by their average over the group (equal weights); a group of one skips.
+
+        The round runs on CPU copies (hivemind serializes CPU tensors only), and the tensors are written only
+        when every member's every part was averaged.
+
+        Raises:
+            PartialAllReduce: a member failed or stayed silent; ``tensors`` are left untouched.
+        """
+        if len(self.members) == 1:
+            return
+        copies = [tensor.detach().to("cpu", copy=True) for tensor in tensors]
+        total_bytes = sum(copy.numel() * copy.element_size() for copy in copies)
+        runner = AllReduceRunner(
+            p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step),
+            tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
+            sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s,
+            # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
+            part_size_bytes=max(_MIN_PART_BYTES, min(DEFAULT_PART_SIZE_BYTES, total_bytes // (2 * len(self.members)))),
+        )
+        round_ = await self.router.register(runner)
+        try:
+            async with asyncio.timeout(2 * self.reducer_timeout_s):
+                async for index, delta in aenumerate(runner):
+                    copies[index].add_(delta)  # the runner yields average - local
+        except Exception as e:  # a broken round, or TimeoutError: either way the average is incomplete
+            raise PartialAllReduce(f"all-reduce of step {step} failed: {e!r}") from e
+        finally:
+            self.router.unregister(runner)
+        await self._finish_answering(round_, step)
+        failed_values, banned = runner.tensor_part_container.failed_size, runner.banned_senders
+        if failed_values or banned:
+            total = runner.tensor_part_container.total_size
+            raise PartialAllReduce(
+                f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
+                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}")
+        for tensor, averaged in zip(tensors, copies):
+            tensor.copy_(averaged)
+
+    async def _finish_answering(self, round_: _Round, step: int) -> None:
+        """Waits until the other members got their averaged parts from us, so that leaving (or shutting down)
+        right after the last step does not cut their round short. Our own average is complete either way."""
+        try:
+            async with asyncio.timeout(self.reducer_timeout_s):
+                await round_.drained.wait()
+        except TimeoutError:
+            logger.debug(f"Members still reading their parts of step {step} after {self.reducer_timeout_s} s")

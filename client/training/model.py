@@ -1,0 +1,188 @@
+"""The GPT decoder a hetswarm swarm trains, built one pipeline stage at a time.
+
+nanoGPT's model (karpathy/nanoGPT, model.py) cut into stages: GPT-2 blocks with biases, pre-norm, an untied
+output head. A stage holds only its layer range [a, b) of the model; the first also holds the embeddings, the
+last the final LayerNorm and the head. Parameter names are global (``blocks.5.attn.qkv.weight`` whatever the
+split), so a stage's state dict can be handed to a peer whose stage covers other layers.
+
+Every module is initialised from its own generator, seeded by (seed, module): a stage's parameters do not depend
+on which other stages exist, every replica of a stage starts identical, and any split of the model equals the
+single-process model built with the same seed. Parameter counts match ``ModelConfig``'s formulas, which the
+cost model prices (tests/test_model.py checks both).
+"""
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hetswarm.protocol.model_config import ModelConfig
+
+__all__ = ["Block", "StageModule", "build_full_model", "build_stage", "loss"]
+
+_INIT_STD = 0.02  # GPT-2's init (nanoGPT, GPT._init_weights)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, 4 * config.d_model)
+        self.proj = nn.Linear(4 * config.d_model, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))  # (B, T, 4C) inside, (B, T, C) out
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer: 12d² + 13d parameters (ModelConfig.params_per_layer)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))  # (B, T, C)
+
+
+class Embedding(nn.Module):
+    """Token and learned position embeddings, held by the first stage: (V + T_max)·d parameters."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.seq_len, config.d_model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
+        return self.tok(tokens) + self.pos(positions)  # (B, T, C)
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the untied, bias-free output projection, held by the last stage: 2d + d·V parameters."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.out = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln_f(x))  # (B, T, V)
+
+
+class StageModule(nn.Module):
+    """Layers [a, b) of the model: tokens (B, T) → hidden (B, T, d) on the first stage, hidden → hidden in the
+    middle, hidden → logits (B, T, V) on the last; a single stage that is both first and last is the whole model.
+    """
+
+    def __init__(self, config: ModelConfig, layers: tuple[int, int], *, is_first: bool, is_last: bool) -> None:
+        super().__init__()
+        a, b = layers
+        if not 0 <= a < b <= config.n_layers:
+            raise ValueError(f"layer range [{a}, {b}) is not a non-empty part of {config.n_layers} layers")
+        self.config, self.layers = config, (a, b)
+        self.embed = Embedding(config) if is_first else None
+        self.blocks = nn.ModuleDict({str(i): Block(config) for i in range(a, b)})  # keyed by global layer index
+        self.head = Head(config) if is_last else None
+
+    @property
+    def is_first(self) -> bool:
+        return self.embed is not None
+
+    @property
+    def is_last(self) -> bool:
+        return self.head is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            if x.dtype != torch.long or x.dim() != 2 or x.shape[1] > self.config.seq_len:
+                raise ValueError(f"the first stage takes int64 tokens (B, T ≤ {self.config.seq_len}), "
+                                 f"got {x.dtype} {tuple(x.shape)}")
+            x = self.embed(x)  # (B, T, C)
+        for block in self.blocks.values():
+            x = block(x)  # (B, T, C)
+        return self.head(x) if self.head is not None else x  # (B, T, V) or (B, T, C)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """GPT-2 init (nanoGPT): N(0, 0.02) weights, zero biases, unit LayerNorms, residual projections scaled by
+        1/√(2·n_layers); each module draws from its own generator so the result is independent of the split."""
+        residual_std = _INIT_STD / math.sqrt(2 * self.config.n_layers)
+        parts = [(f"block {i}", block) for i, block in self.blocks.items()]
+        parts += [(tag, part) for tag, part in (("embedding", self.embed), ("head", self.head)) if part is not None]
+        for tag, part in parts:
+            generator = torch.Generator().manual_seed(_module_seed(seed, tag))
+            for name, module in part.named_modules():  # registration order: fixed by the classes above
+                if isinstance(module, nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+                elif isinstance(module, nn.Linear | nn.Embedding):
+                    std = residual_std if name.endswith("proj") else _INIT_STD  # writes into the residual stream
+                    module.weight.normal_(0.0, std, generator=generator)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
+
+
+def _module_seed(seed: int, tag: str) -> int:
+    """A 64-bit seed for one module, mixed from the run's seed and the module's name by numpy's SeedSequence."""
+    entropy = [seed, *tag.encode()]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy, computed in fp32 so bf16 logits lose no precision in the softmax."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # (B·T, V) vs (B·T,)
+
+
+def build_stage(
+    config: ModelConfig,
+    stage_index: int,
+    d_pp: int,
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    stage_layers: Sequence[tuple[int, int]] | None = None,
+) -> StageModule:
+    """Stage ``stage_index`` of ``d_pp``, with its layers of ``stage_layers`` (a plan's cut, checked where the plan
+    was accepted) or, by default, of the even cut ModelConfig.stage_layers gives.
+
+    The module is built on the meta device, materialised and initialised on the CPU in fp32 (CPU generators give
+    the same numbers on every machine; CUDA ones do not), then moved to ``device`` and ``dtype``.
+    """
+    bounds = config.stage_layers(d_pp) if stage_layers is None else [tuple(r) for r in stage_layers]
+    if not 0 <= stage_index < d_pp:
+        raise ValueError(f"stage_index must be in [0, {d_pp}), got {stage_index}")
+    with torch.device("meta"):
+        stage = StageModule(config, bounds[stage_index], is_first=stage_index == 0, is_last=stage_index == d_pp - 1)
+    stage.to_empty(device="cpu")
+    stage.init_weights(seed)
+    return stage.to(device=device, dtype=dtype)
+
+
+def build_full_model(
+    config: ModelConfig, *, seed: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> StageModule:
+    """The whole model in one process (the d_pp = 1 stage): the reference every split must reproduce."""
+    return build_stage(config, 0, 1, seed=seed, device=device, dtype=dtype)

@@ -1,0 +1,218 @@
+"""Activations forward and gradients backward between the neighbouring stages of one pipeline.
+
+Each frame travels as one stream call (``ActivationServicer.rpc_push``) and is answered once: an empty answer
+when the receiver took it, the receiver's reason when it refused it. A receiver takes activations only from the
+previous stage of its pipeline and gradients only from the next, for its own assignment version, pipeline and
+tensor shape, and for the current step or the one after it (a neighbour that finished its all-reduce first may
+already be one step ahead; two steps ahead is impossible in lock-step, so anything further is refused). Good
+frames wait in an ``Inbox`` until the worker takes them; a bad one is logged, answered with its reason, and
+the servicer keeps serving.
+"""
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import AsyncIterator  # ServicerBase recognises stream arguments by typing.AsyncIterator only
+
+import torch
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import runtime_pb2
+from hivemind.utils.asyncio import as_aiter
+
+from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError
+from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
+from hetswarm.protocol.limits import MAX_FRAME_BYTES
+
+__all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
+
+logger = logging.getLogger(__name__)
+
+FrameKey = tuple[FrameKind, int, int]
+"""(kind, step, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
+
+_STEPS_AHEAD = 1
+_PING_RETRY_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamPlan:
+    """What one stage accepts from its neighbours, taken from its assignment."""
+
+    assignment_version: int
+    pipeline: int
+    micro_batches: int
+    shape: tuple[int, ...]
+    """(micro_batch_size, seq_len, d_model): activations and their gradients have the same shape."""
+    dtype: torch.dtype
+    """The swarm's wire dtype; every peer must send the same."""
+    previous: PeerID | None
+    next: PeerID | None
+
+
+class Inbox:
+    """Frames that arrived before or while the worker waits for them, one future per key."""
+
+    def __init__(self) -> None:
+        self._frames: dict[FrameKey, asyncio.Future] = {}
+
+    def _slot(self, key: FrameKey) -> asyncio.Future:
+        return self._frames.setdefault(key, asyncio.get_running_loop().create_future())
+
+    def put(self, key: FrameKey, tensor: torch.Tensor) -> str | None:
+        """Stores a frame; returns a reason to refuse it when one with the same key is already here."""
+        slot = self._slot(key)
+        if slot.done():
+            return f"duplicate {key[0]} frame for step {key[1]}, micro-batch {key[2]}"
+        slot.set_result(tensor)
+        return None
+
+    async def take(self, key: FrameKey, timeout_s: float) -> torch.Tensor:
+        """The frame under ``key``, waiting up to ``timeout_s`` for it (TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout_s):
+            tensor = await asyncio.shield(self._slot(key))
+        del self._frames[key]
+        return tensor
+
+    def drop_before(self, step: int) -> None:
+        """Forgets frames of finished steps, so a stale neighbour cannot fill memory."""
+        for key in [key for key in self._frames if key[1] < step]:
+            self._frames.pop(key).cancel()
+
+
+class ActivationServicer(ServicerBase):
+    """Receives frames from the two neighbours of this stage; namespaced per swarm."""
+
+    def __init__(self, plan: StreamPlan, *, frame_timeout_s: float) -> None:
+        self.plan, self.frame_timeout_s = plan, frame_timeout_s
+        self.inbox = Inbox()
+        self.current_step = 0
+
+    async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        """Answers once this stage's handlers are up, so peers start a step only when everyone can hear them."""
+        return runtime_pb2.ExpertResponse()
+
+    async def rpc_push(
+        self, stream: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> runtime_pb2.ExpertResponse:
+        """Takes one frame into the inbox, or answers why not (a verdict, never a crash, on a peer's bad input)."""
+        reason = await self._take(stream, context.remote_id)
+        if reason is None:
+            return runtime_pb2.ExpertResponse()
+        logger.warning(f"Refused a frame from {context.remote_id}: {reason}")
+        await self._drain(stream)
+        return runtime_pb2.ExpertResponse(metadata=reason.encode())
+
+    async def _drain(self, stream: AsyncIterator[runtime_pb2.ExpertRequest]) -> None:
+        """Reads what the sender is still writing (bounded), so it gets our verdict rather than a reset stream."""
+        received = 0
+        with contextlib.suppress(Exception):  # a peer that breaks off or stalls here costs nothing more
+            async with asyncio.timeout(self.frame_timeout_s):
+                async for message in stream:
+                    received += message.ByteSize()
+                    if received > MAX_FRAME_BYTES:
+                        return
+
+    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], sender: PeerID) -> str | None:
+        """Reads and stores one frame; returns why it was refused, or None when it was taken."""
+        kind = {self.plan.previous: "activations", self.plan.next: "gradients"}.get(sender)
+        if kind is None:
+            return f"{sender} is not a neighbour of this stage in pipeline {self.plan.pipeline}"
+        expected = Expectation(kind=kind, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
+                               dtype=self.plan.dtype, pipeline=self.plan.pipeline,
+                               micro_batches=self.plan.micro_batches)
+        try:
+            async with asyncio.timeout(self.frame_timeout_s):
+                header, tensor = await read_frame(stream, expected=expected)
+        except FrameError as e:
+            return str(e)
+        except TimeoutError:
+            return f"frame not received within {self.frame_timeout_s} s"
+        if not self.current_step <= header.step <= self.current_step + _STEPS_AHEAD:
+            return f"frame is for step {header.step}, this stage is at step {self.current_step}"
+        return self.inbox.put((header.kind, header.step, header.micro_batch), tensor)
+
+
+async def send_frame(
+    p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor, *, namespace: str, timeout_s: float
+) -> None:
+    """Delivers one frame to ``peer``'s ActivationServicer.
+
+    Raises:
+        FrameRefused: the peer refused the frame (its reason is in the message) or did not answer in time.
+    """
+    what = f"{header.kind} of step {header.step}, micro-batch {header.micro_batch}"
+    stub = ActivationServicer.get_stub(p2p, peer, namespace=namespace)
+    try:
+        response = await stub.rpc_push(as_aiter(*encode_frame(header, tensor)), timeout=timeout_s)
+    except TimeoutError:
+        raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None
+    except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
+        raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}") from e
+    if response.metadata:
+        raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
+
+
+class NeighbourStreams:
+    """The worker's side of its two pipeline links: send to a neighbour, take what the neighbours sent."""
+
+    def __init__(self, p2p: P2P, plan: StreamPlan, *, namespace: str, frame_timeout_s: float) -> None:
+        self.p2p, self.plan, self.namespace, self.frame_timeout_s = p2p, plan, namespace, frame_timeout_s
+        self.servicer = ActivationServicer(plan, frame_timeout_s=frame_timeout_s)
+
+    async def attach(self) -> None:
+        await self.servicer.add_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def detach(self) -> None:
+        await self.servicer.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    def advance_to(self, step: int) -> None:
+        """Moves the accepted window to [step, step + 1] and forgets frames of earlier steps."""
+        self.servicer.current_step = step
+        self.servicer.inbox.drop_before(step)
+
+    async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int) -> None:
+        """Activations to the next stage or gradients to the previous one, in the swarm's wire dtype."""
+        peer = self.plan.next if kind == "activations" else self.plan.previous
+        if peer is None:
+            raise ValueError(f"this stage has no neighbour to send {kind} to")
+        tensor = tensor.detach().to(self.plan.dtype)
+        header = FrameHeader.for_tensor(tensor, kind=kind, assignment_version=self.plan.assignment_version,
+                                        step=step, micro_batch=micro_batch, pipeline=self.plan.pipeline)
+        await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace, timeout_s=self.frame_timeout_s)
+
+    async def receive(self, kind: FrameKind, *, step: int, micro_batch: int) -> torch.Tensor:
+        """The frame a neighbour sent for this step and micro-batch (a CPU tensor in the wire dtype).
+
+        Raises:
+            NeighbourSilent: it did not arrive within the frame timeout.
+        """
+        try:
+            return await self.servicer.inbox.take((kind, step, micro_batch), self.frame_timeout_s)
+        except TimeoutError:
+            sender = self.plan.previous if kind == "activations" else self.plan.next
+            raise NeighbourSilent(f"no {kind} of step {step}, micro-batch {micro_batch} from {sender} "
+                                  f"within {self.frame_timeout_s} s") from None
+
+    async def wait_for(self, peers: Iterable[PeerID], timeout_s: float) -> None:
+        """Returns once every peer's stage handlers answer, so the first step does not race their start-up.
+
+        Raises:
+            StageError: some peers did not answer within ``timeout_s``; they are named.
+        """
+        waiting = set(peers) - {self.p2p.peer_id}
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            for peer in list(waiting):
+                stub = ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
+                try:
+                    await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=_PING_RETRY_S * 4)
+                    waiting.discard(peer)
+                except Exception as e:  # not up yet, or not found by peer routing yet
+                    logger.debug(f"{peer} does not answer yet: {e!r}")
+            if waiting and time.monotonic() > deadline:
+                raise StageError(f"peers {', '.join(map(str, sorted(waiting, key=str)))} did not come up "
+                                 f"within {timeout_s} s")
+            if waiting:
+                await asyncio.sleep(_PING_RETRY_S)

@@ -1,0 +1,257 @@
+"""What a client does with an accepted assignment: train its stage in lock-step and say how it goes.
+
+The Volunteer hands every newly accepted Assignment to ``Trainer.follow`` as its own task. A newer version cancels
+the loop of the older one; the old StageWorker is closed before the new one starts (both serve the same handler
+names). A peer that keeps its stage keeps its weights and optimizer state across versions; a standby (no role in
+the plan) closes its worker and waits. After every step the client publishes a signed ``Progress`` record
+(step, loss, tokens/s, compute and waiting time), which the monitor shows and the demo compares with the plan's
+predicted step time.
+
+Peers switch plans at slightly different moments (each polls the assignment key), so a new worker first waits
+until its neighbours and stage group publish the same version in their peer records. A failed step (a neighbour
+refused or withheld a frame, the all-reduce was partial) leaves the parameters as they were, and the loop goes on
+at the next step number: a failure can be one-sided (one member of a group got a partial all-reduce, the other a
+complete one), and retrying the same step would then leave this peer behind a swarm that has moved on. After
+``max_failures`` failed steps in a row the client waits for the coordinator's next plan.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from hivemind.utils import get_dht_time
+
+from hetswarm.client.training.data import TokenSource
+from hetswarm.client.peer.node import SwarmNode
+from hetswarm.client.training.errors import StageError
+from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
+from hetswarm.protocol.records import Assignment, PeerRole, Progress
+from hetswarm.protocol.errors import ConfigError
+
+__all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerConfig:
+    """How long a client trains and how it reports; ``stage`` must be the same on every peer of a swarm."""
+
+    stage: StageConfig = StageConfig()
+    max_steps: int | None = None
+    """Train up to (not including) this absolute step number, then keep serving idle; None trains forever.
+    Absolute, so that every peer of a pipeline stops after the same step and none waits for a missing frame."""
+    max_failures: int = 6
+    """Failed steps in a row after which the client stops and waits for a new assignment."""
+    ttl_s: float = 60.0
+    """Expiry of the Progress record, as the peer record's."""
+    peer_wait_s: float = 30.0
+    """How long a new worker waits for its neighbours and group to announce the same plan version; 0 for peers
+    driven without a Volunteer (which is what publishes the version)."""
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.max_failures < 1 or self.ttl_s < 2:
+            raise ConfigError(f"need max_failures >= 1 and ttl_s >= 2, got {self.max_failures} and {self.ttl_s}")
+
+
+_RETRY_PAUSE_S = 0.5
+"""Pause after a failed step, so that a refusal (a neighbour still switching plans) does not spin."""
+
+_WIRE_DTYPES = {2: torch.float16, 4: torch.float32}
+"""Activation bytes per value in the model config → the dtype sent, so the cost model prices what is sent.
+(float16 rather than bfloat16: hivemind serializes bfloat16 as float32 by default, docs/hivemind.md.)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSetup:
+    """What `hetswarm join --coordinator ...` trains with: --data, --seed, --max-steps, --torch-threads."""
+
+    data_path: Path | None = None
+    """A text file or folder; None trains on the built-in corpus."""
+    seed: int = 0
+    """Model initialisation and batch sampling; every peer of a swarm must use the same."""
+    config: TrainerConfig = TrainerConfig()
+    torch_threads: int | None = None
+    """Caps torch's intra-op threads, for several clients sharing one machine's cores."""
+
+    def build(self, node: SwarmNode, device: torch.device) -> Trainer:
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        data = TokenSource.from_path(self.data_path, seed=self.seed)
+        return Trainer(node, data=data, device=device, seed=self.seed, config=self.config)
+
+
+class Trainer:
+    """Runs this peer's StageWorker for the newest accepted assignment; ``follow`` is the Volunteer's hook."""
+
+    def __init__(self, node: SwarmNode, *, data: TokenSource, device: torch.device | str, seed: int,
+                 config: TrainerConfig = TrainerConfig()) -> None:
+        self.node, self.data, self.device, self.seed, self.config = node, data, torch.device(device), seed, config
+        self.assignment: Assignment | None = None
+        self.worker: StageWorker | None = None
+        self.last_report: StepReport | None = None
+        self.finished = asyncio.Event()
+        """Set once the loop of the current assignment has reached ``max_steps``."""
+        self._trained: tuple[int, StageWorker] | None = None
+        """The last worker that trained (open or closed) and its stage: what a new worker of that stage resumes."""
+        self._loop_task: asyncio.Task | None = None
+        self._switching = asyncio.Lock()
+        self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
+
+    async def follow(self, assignment: Assignment) -> None:
+        """Trains this peer's part of ``assignment`` until a newer one arrives, max_steps is reached, or too
+        many steps fail in a row; older or repeated versions are ignored."""
+        if self.assignment is not None and assignment.version <= self.assignment.version:
+            return
+        self.assignment = assignment
+        async with self._switching:  # one switch at a time, in version order
+            if assignment is not self.assignment:
+                return  # an even newer version arrived while we waited
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+                await asyncio.gather(self._loop_task, return_exceptions=True)
+            self.finished.clear()
+            self._loop_task = asyncio.current_task()
+            try:
+                worker = await self._switch_worker(assignment)
+            except StageError as e:
+                logger.warning(f"Could not start the stage of assignment {assignment.version}: {e}; "
+                               f"waiting for a new assignment")
+                return
+        if worker is not None:
+            await self._train(worker, assignment)
+
+    async def close(self) -> None:
+        """Stops training and serving the stage; publishes what is still queued."""
+        async with self._switching:
+            if self._loop_task is not None and self._loop_task is not asyncio.current_task():
+                self._loop_task.cancel()
+                await asyncio.gather(self._loop_task, return_exceptions=True)
+            await self._close_worker()
+        await self._progress.close()
+
+    async def _switch_worker(self, assignment: Assignment) -> StageWorker | None:
+        """Closes the old worker and starts the one this assignment asks for; None when this peer is a standby."""
+        role = assignment.roles.get(self.node.peer_id)
+        await self._close_worker()
+        if role is None:
+            logger.info(f"Assignment {assignment.version}: standby (no role in this plan)")
+            return None
+        logger.info(f"Assignment {assignment.version}: stage {role.stage} of pipeline {role.replica}, "
+                    f"from step {assignment.step}")
+        started = asyncio.get_running_loop().time()
+        await self._wait_for_peers(assignment, role)
+        logger.debug(f"Peers on version {assignment.version} after {asyncio.get_running_loop().time() - started:.1f} s")
+        wire_bytes = assignment.model_config().activation_bytes_per_value
+        stage_config = replace(self.config.stage, wire_dtype=_WIRE_DTYPES.get(wire_bytes, torch.float32))
+        worker = await _start_uncancelled(start_stage(
+            assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
+            data=self.data, seed=self.seed, config=stage_config))
+        if self._trained is not None and self._trained[0] == role.stage:  # same layers: keep what was learned
+            worker.module.load_state_dict(self._trained[1].module.state_dict())
+            worker.optimizer.load_state_dict(self._trained[1].optimizer.state_dict())
+        self.worker, self._trained = worker, (role.stage, worker)
+        logger.info(f"Stage {role.stage} ready after {asyncio.get_running_loop().time() - started:.1f} s")
+        return worker
+
+    async def _wait_for_peers(self, assignment: Assignment, role: PeerRole) -> None:
+        """Until the peers this stage talks to say, in their records, that they follow this version too."""
+        pipeline = assignment.pipelines[role.replica]
+        talks_to = {pipeline[s] for s in (role.stage - 1, role.stage + 1) if 0 <= s < assignment.d_pp}
+        talks_to |= {chain[role.stage] for chain in assignment.pipelines}
+        talks_to.discard(self.node.peer_id)
+        deadline = asyncio.get_running_loop().time() + self.config.peer_wait_s
+        while talks_to and self.config.peer_wait_s > 0 and asyncio.get_running_loop().time() < deadline:
+            try:
+                records = await self.node.records.peers()
+            except TimeoutError:
+                continue
+            talks_to = {p for p in talks_to
+                        if p not in records or (records[p].assignment_version or 0) < assignment.version}
+            if talks_to:
+                await asyncio.sleep(0.5)
+        if talks_to and self.config.peer_wait_s > 0:
+            logger.info(f"{len(talks_to)} peer(s) have not announced version {assignment.version} yet; starting anyway")
+
+    async def _close_worker(self) -> None:
+        if self.worker is not None:
+            with contextlib.suppress(Exception):  # handlers of a dying p2p may already be gone
+                await self.worker.close()
+        self.worker = None
+
+    async def _train(self, worker: StageWorker, assignment: Assignment) -> None:
+        step, failures, max_steps = assignment.step, 0, self.config.max_steps
+        while max_steps is None or step < max_steps:
+            try:
+                report = await worker.run_step(step)
+            except StageError as e:
+                failures += 1
+                logger.warning(f"Step {step} failed ({failures}/{self.config.max_failures}): {e}")
+                if failures >= self.config.max_failures:
+                    logger.warning(f"{failures} steps failed in a row; waiting for a new assignment")
+                    return
+                await asyncio.sleep(_RETRY_PAUSE_S)
+                step += 1
+                continue
+            failures = 0
+            self.last_report = report
+            self._progress.submit(Progress(
+                peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
+                loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
+                wait_s=report.wait_s, updated_at=get_dht_time()))
+            loss = "" if report.loss is None else f"loss {report.loss:.4f}, "
+            logger.info(f"step {report.step}: {loss}{report.tokens_per_s:.0f} tokens/s, wall {report.wall_s:.3f} s "
+                        f"(compute {report.compute_s:.3f} s, wait {report.wait_s:.3f} s)")
+            step += 1
+        logger.info(f"Reached step {max_steps}: training done; serving until stopped")
+        self.finished.set()
+
+
+async def _start_uncancelled(starting) -> StageWorker:
+    """Awaits start_stage; if we are cancelled meanwhile, lets it finish and closes what it built, so its handler
+    names are free for the next worker."""
+    task = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            worker = await task
+            await worker.close()
+        raise
+
+
+class _ProgressPublisher:
+    """Publishes the newest Progress record in the background, so a slow DHT store never delays a step;
+    records that a newer one overtakes while a store is in flight are dropped."""
+
+    def __init__(self, node: SwarmNode, *, ttl_s: float) -> None:
+        self.node, self.ttl_s = node, ttl_s
+        self._latest: Progress | None = None
+        self._task: asyncio.Task | None = None
+
+    def submit(self, record: Progress) -> None:
+        self._latest = record
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while (record := self._latest) is not None:
+            self._latest = None
+            try:
+                stored = await self.node.records.publish(record, ttl_s=self.ttl_s)
+            except Exception as e:  # the DHT is shutting down or unreachable: progress is best effort
+                logger.debug(f"Could not publish progress: {e!r}", exc_info=True)
+                continue
+            if not stored:
+                logger.debug(f"No DHT node took the progress record of step {record.step}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, timeout=5)

@@ -1,0 +1,80 @@
+"""A stage refuses a neighbour's bad frames with a clear reason, logs them, and keeps serving.
+
+Two or three real p2p daemons in this process: a receiving stage, its previous stage, and (for one fault) a
+stranger. Each fault is a sender whose plan or frame is wrong in one way; after its frame is refused, a correct
+frame from the real neighbour must still reach the receiver's inbox.
+"""
+import asyncio
+import dataclasses
+import enum
+import logging
+
+import pytest
+import torch
+
+from hetswarm.client.training.errors import FrameRefused, NeighbourSilent
+from hetswarm.client.training.neighbour_streams import StreamPlan, NeighbourStreams
+from tests.helpers.p2p_nodes import connected_p2ps
+
+SHAPE = (2, 8, 16)  # (micro_batch_size, seq_len, d_model)
+NAMESPACE = "links-test_stage"
+
+
+class Fault(enum.Enum):
+    WRONG_SHAPE = "shape"
+    WRONG_DTYPE = "dtype"
+    WRONG_VERSION = "assignment version"
+    STEP_TOO_FAR_AHEAD = "step 2"
+    WRONG_PIPELINE = "pipeline"
+    NOT_A_NEIGHBOUR = "not a neighbour"
+
+
+def _plan(**changes) -> StreamPlan:
+    plan = StreamPlan(assignment_version=3, pipeline=1, micro_batches=2, shape=SHAPE, dtype=torch.float32,
+                    previous=None, next=None)
+    return dataclasses.replace(plan, **changes)
+
+
+async def _refuse_then_accept(fault: Fault) -> str:
+    """Sends one faulty frame, then a good one; returns the refusal the faulty sender got."""
+    async with connected_p2ps(3) as (receiver_p2p, neighbour_p2p, stranger_p2p):
+        receiver = NeighbourStreams(receiver_p2p, _plan(previous=neighbour_p2p.peer_id), namespace=NAMESPACE,
+                              frame_timeout_s=5)
+        await receiver.attach()
+        neighbour_plan = _plan(next=receiver_p2p.peer_id)
+        faulty_plan = {
+            Fault.WRONG_DTYPE: dataclasses.replace(neighbour_plan, dtype=torch.float16),
+            Fault.WRONG_VERSION: dataclasses.replace(neighbour_plan, assignment_version=2),
+            Fault.WRONG_PIPELINE: dataclasses.replace(neighbour_plan, pipeline=0),
+        }.get(fault, neighbour_plan)
+        sender_p2p = stranger_p2p if fault is Fault.NOT_A_NEIGHBOUR else neighbour_p2p
+        faulty = NeighbourStreams(sender_p2p, faulty_plan, namespace=NAMESPACE, frame_timeout_s=5)
+        good = NeighbourStreams(neighbour_p2p, neighbour_plan, namespace=NAMESPACE, frame_timeout_s=5)
+        await good.wait_for([receiver_p2p.peer_id], timeout_s=20)
+        await faulty.wait_for([receiver_p2p.peer_id], timeout_s=20)
+
+        shape = (2, 8, 17) if fault is Fault.WRONG_SHAPE else SHAPE
+        step = 2 if fault is Fault.STEP_TOO_FAR_AHEAD else 0
+        with pytest.raises(FrameRefused) as refused:
+            await faulty.send("activations", torch.randn(shape), step=step, micro_batch=0)
+
+        expected = torch.randn(SHAPE)
+        await good.send("activations", expected, step=0, micro_batch=0)
+        received = await receiver.receive("activations", step=0, micro_batch=0)
+        torch.testing.assert_close(received, expected, rtol=0, atol=0)  # not the refused frame, nor a duplicate
+        if step != 0:
+            receiver.advance_to(1)  # step 2 is inside the window now, and the refused frame must not be there
+            receiver.frame_timeout_s = 0.2
+            with pytest.raises(NeighbourSilent):
+                await receiver.receive("activations", step=step, micro_batch=0)
+        return str(refused.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault", list(Fault), ids=lambda fault: fault.name.lower())
+def test_bad_frame_is_refused_with_its_reason_and_the_stage_keeps_serving(fault, caplog):
+    with caplog.at_level(logging.WARNING, logger="hetswarm.client.training.neighbour_streams"):
+        reason = asyncio.run(_refuse_then_accept(fault))
+    assert fault.value in reason
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hetswarm.client.training.neighbour_streams"]
+    assert len(warnings) == 1 and "Refused a frame" in warnings[0] and fault.value in warnings[0]
