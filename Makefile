@@ -1,0 +1,48 @@
+# The two commands: `make demo` and `make test`. Each creates the virtual environment .venv and installs the
+# project into it on first use (again when pyproject.toml changes); nothing else needs installing but make and
+# Python 3.11 or newer.
+#
+#   make demo                         hetswarm demo (extra options: make demo DEMO_ARGS="--steps 20")
+#   make test                         ruff check, then the test suite (extra args: make test PYTEST_ARGS=-x)
+#   make lint                         ruff check only
+#   make clean                        remove .venv and the caches
+
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# python3.11 where there is one (as CI uses), else python3; `make PYTHON=python3.12` picks another.
+PYTHON ?= $(shell python3.11 -c "" >/dev/null 2>&1 && echo python3.11 || echo python3)
+# Pinned: an unpinned torch pulls gigabytes of CUDA libraries.
+TORCH := torch==2.13.0
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint clean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+demo: $(STAMP)
+	$(BIN)/hetswarm demo $(DEMO_ARGS)
+
+test: lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+$(BIN)/python:
+	@$(PYTHON) -c "import sys; sys.exit(sys.version_info < (3, 11))" || \
+		{ echo "hetswarm needs Python 3.11 or newer; $(PYTHON) is older (try: make PYTHON=python3.11)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The stamp is touched only after a successful install, so a failed or interrupted one runs again next time.
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install "$(TORCH)" -e ".[test]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,142 @@
+"""The doors between the rooms stay where the README says they are.
+
+ * The scheduler (hetswarm.coordinator and its pure modules) imports without hivemind, torch or pydantic, so a
+   researcher can plan on a laptop: checked by importing it in a fresh interpreter.
+ * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
+   client/cli imports the CLI; client/training reaches, of hetswarm, only protocol, client.peer and itself:
+   checked statically, from every import statement in the source files (also those inside functions).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIRS = {"protocol": "hetswarm.protocol", "coordinator": "hetswarm.coordinator", "client": "hetswarm.client"}
+
+SCHEDULER_MODULES = [
+    "hetswarm.coordinator",
+    "hetswarm.coordinator.scheduler",
+    "hetswarm.coordinator.search",
+    "hetswarm.coordinator.cost_model",
+    "hetswarm.coordinator.network",
+    "hetswarm.coordinator.plan",
+    "hetswarm.coordinator.baselines",
+    "hetswarm.coordinator.paper_ga",
+    "hetswarm.coordinator.live_cost",
+    "hetswarm.protocol.model_config",
+]
+HEAVY_PACKAGES = ["hivemind", "torch", "pydantic"]
+
+# Runs in a fresh interpreter: imports the scheduler and, for each heavy package that got loaded anyway, names the
+# hetswarm lines that pulled it in (recorded by a finder that sees the first import of that package).
+_PROBE = """
+import importlib, json, sys, traceback
+heavy, modules, root = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+culprits = {}
+
+class Recorder:
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in heavy and fullname not in culprits:
+            culprits[fullname] = [f"{f.filename}:{f.lineno}: {f.line}" for f in traceback.extract_stack()
+                                  if f.filename.startswith(root)]
+        return None
+
+sys.meta_path.insert(0, Recorder())
+for name in modules:
+    importlib.import_module(name)
+loaded = {name: culprits.get(name, []) for name in heavy if name in sys.modules}
+print(json.dumps(loaded))
+"""
+
+
+def test_scheduler_imports_without_hivemind_torch_or_pydantic():
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(HEAVY_PACKAGES), json.dumps(SCHEDULER_MODULES),
+                             str(ROOT)],
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    report = "\n".join(f"{name} imported via:\n  " + "\n  ".join(chain or ["(no hetswarm frame)"])
+                       for name, chain in loaded.items())
+    assert not loaded, f"the scheduler pulled in {sorted(loaded)}:\n{report}"
+
+
+# --- static checks -----------------------------------------------------------------------------------------------
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """client/training/trainer.py -> hetswarm.client.training.trainer (the package-dir map of pyproject.toml)."""
+    relative = path.relative_to(root)
+    parts = [PACKAGE_DIRS[relative.parts[0]], *relative.parts[1:-1]]
+    if path.stem != "__init__":
+        parts.append(path.stem)
+    return ".".join(parts)
+
+
+def source_files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def imported_names(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, fully qualified name) of everything the file imports: `from a.b import c` gives a.b.c (c may be a
+    module); relative imports are resolved against the file's package."""
+    module = module_name(path, root)
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names += [(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}") for alias in node.names]
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(files: list[Path], is_allowed) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line}: imports {name}"
+            for path in files for line, name in imported_names(path) if not is_allowed(name)]
+
+
+def test_imported_names_resolve_from_and_relative_imports(tmp_path):
+    """The checker itself: a violation written any way Python allows is seen."""
+    folder = tmp_path / "coordinator"
+    folder.mkdir()
+    (folder / "bad.py").write_text("import hetswarm.client.peer\nfrom hetswarm import client\n"
+                                   "from ..client.cli import app\ndef f():\n    from hetswarm.client.cli import main\n")
+    assert [name for _, name in imported_names(folder / "bad.py", root=tmp_path)] == [
+        "hetswarm.client.peer", "hetswarm.client", "hetswarm.client.cli.app", "hetswarm.client.cli.main"]
+
+
+def test_protocol_imports_neither_client_nor_coordinator():
+    found = violations(source_files("protocol"), lambda name: not (within(name, "hetswarm.client")
+                                                                  or within(name, "hetswarm.coordinator")))
+    assert not found, "\n".join(found)
+
+
+def test_coordinator_does_not_import_client():
+    found = violations(source_files("coordinator"), lambda name: not within(name, "hetswarm.client"))
+    assert not found, "\n".join(found)
+
+
+def test_nothing_outside_the_cli_imports_it():
+    files = [path for folder in PACKAGE_DIRS for path in source_files(folder)
+             if not path.is_relative_to(ROOT / "client" / "cli")]
+    found = violations(files, lambda name: not within(name, "hetswarm.client.cli"))
+    assert not found, "\n".join(found)
+
+
+def test_training_reaches_only_protocol_peer_and_itself():
+    allowed = ("hetswarm.protocol", "hetswarm.client.peer", "hetswarm.client.training")
+    found = violations(source_files("client/training"),
+                       lambda name: not within(name, "hetswarm") or any(within(name, p) for p in allowed))
+    assert not found, "\n".join(found)
