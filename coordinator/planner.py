@@ -9,6 +9,10 @@ The replanner publishes a new version when the set of trainable peers changed an
 time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
 predicted at least `improvement` faster than the current plan re-priced on the fresh measurements (hysteresis, so
 that measurement noise does not make the swarm thrash).
+
+A restarted coordinator `adopt`s the plan in force instead of planning afresh: a new plan would reshuffle peers that
+are training well, and their stages would lose what they learned. The plan is taken over as it is as soon as all its
+peers are in view; if some of them left meanwhile, the survivors are preferred in the replan that follows.
 """
 from __future__ import annotations
 
@@ -22,16 +26,16 @@ import numpy as np
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
-from hetswarm.protocol.records import PeerRecord
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.records import Assignment, PeerRecord
 from hetswarm.protocol.units import BYTES_PER_GIB
 
-__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "propose"]
+__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "propose"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +154,28 @@ def reprice(proposal: Proposal, view: SwarmView) -> Proposal:
     return replace(proposal, view=placed, plan=plan, live=live)
 
 
+def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig) -> Proposal:
+    """The proposal that deploys given pipelines (pipeline r: the peer of each stage) as they are, priced on `view`;
+    the view's other peers are its standbys. How a coordinator takes over a plan it did not search for now.
+
+    Raises:
+        ValueError: a peer of the pipelines is not in the view.
+    """
+    placed_ids = sorted({peer for chain in pipelines for peer in chain})
+    missing = [p for p in placed_ids if p not in view.peer_ids]
+    if missing:
+        raise ValueError(f"{len(missing)} peer(s) of the pipelines are not in the view: {_short(frozenset(missing))}")
+    placed = view.subset(placed_ids)
+    index = {peer: i for i, peer in enumerate(placed_ids)}
+    grid = np.array([[index[peer] for peer in chain] for chain in pipelines], dtype=np.int64).T  # (d_pp, d_dp)
+    d_pp, d_dp = grid.shape
+    paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
+    plan = cost_plan(paper, grid)
+    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+    standbys = tuple(p for p in view.peer_ids if p not in index)
+    return Proposal(view=placed, plan=plan, live=live, model=model, standbys=standbys)
+
+
 def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
     """(d_dp, d_pp) candidates that use as many of `n_peers` as each number of stages allows."""
     if config.d_dp is not None and config.d_pp is not None:
@@ -177,16 +203,49 @@ class Replanner:
 
     config: PlannerConfig
     current: Proposal | None = None
+    _in_force: Assignment | None = None
+    """A previous run's plan, handed over by `adopt`, until it is published again or replaced."""
     _members: frozenset[str] = frozenset()
     _changed_at: float = -math.inf
     _considered_at: float = -math.inf
     _last_refusal: str = ""
+
+    def adopt(self, assignment: Assignment) -> bool:
+        """Takes over the plan in force of this coordinator's previous run, so that a restart keeps the roles; False
+        (and logged) when the plan was made for another model or shape than this run's config asks for.
+
+        Until all the plan's peers are in view, `decide` returns nothing; once they are, it returns the plan as it
+        is (no debounce, no `min_peers`: the swarm was already training). Peers of the plan that left are replanned
+        out after the debounce, as any membership change, with the survivors preferred.
+        """
+        if self.current is not None:
+            raise RuntimeError("adopt() is for a replanner that has published nothing yet")
+        if (reason := self._reason_not_to_adopt(assignment)) is not None:
+            logger.info(f"Not adopting plan v{assignment.version}: {reason}; planning afresh")
+            return False
+        self._in_force = assignment
+        return True
+
+    def _reason_not_to_adopt(self, assignment: Assignment) -> str | None:
+        try:
+            model = assignment.model_config()
+        except (TypeError, ValueError) as e:
+            return f"its model config is invalid ({e})"
+        if model != self.config.model:
+            return f"it trains {model.name!r} with other settings than this run's {self.config.model.name!r}"
+        for name, fixed, found in (("d_dp", self.config.d_dp, assignment.d_dp),
+                                   ("d_pp", self.config.d_pp, assignment.d_pp)):
+            if fixed is not None and fixed != found:
+                return f"it has {name}={found}, this run asks for {fixed}"
+        return None
 
     def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
         members = frozenset(trainable_peers(records))
         if members != self._members:
             self._members, self._changed_at = members, now
+        if self.current is None and self._in_force is not None:
+            return self._adopt(records, members, now)
         if self.current is None and len(members) < self.config.min_peers:
             self._refuse(f"Waiting for {self.config.min_peers} trainable peers, {len(members)} in view", logging.INFO)
             return None
@@ -204,6 +263,32 @@ class Replanner:
             joined, left = members - self.current.peers, self.current.peers - members
             reason = (f"membership changed: {len(joined)} joined {_short(joined)}, {len(left)} left {_short(left)}")
         return self._propose(view, reason, now)
+
+    def _adopt(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
+                ) -> tuple[Proposal, str] | None:
+        """The plan in force as it is once all its peers are in view; else, after the debounce, a replan that prefers
+        its surviving peers."""
+        in_force = self._in_force
+        placed = frozenset(in_force.roles)
+        if placed <= members:
+            self._in_force = None
+            proposal = deployed(build_view(records), in_force.pipelines, self.config.model)
+            self.current, self._considered_at, self._last_refusal = proposal, now, ""
+            return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
+        self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
+                     f"{_short(placed - members)}", logging.INFO)
+        if now - self._changed_at < self.config.debounce_s or not members:
+            return None
+        view = build_view(records)
+        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
+            return None
+        joined, left = members - placed, placed - members
+        reason = (f"membership changed since v{in_force.version}: {len(joined)} joined {_short(joined)}, "
+                  f"{len(left)} left {_short(left)}")
+        decision = self._propose(view, reason, now, prefer=placed & members)
+        if decision is not None:
+            self._in_force = None
+        return decision
 
     def _reconsider(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         if now - self._considered_at < self.config.reconsider_s:
@@ -229,8 +314,10 @@ class Replanner:
         self.current = fresh
         return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s ({gain:.0%} faster)"
 
-    def _propose(self, view: SwarmView, reason: str, now: float) -> tuple[Proposal, str] | None:
-        prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
+    def _propose(self, view: SwarmView, reason: str, now: float, *, prefer: frozenset[str] | None = None
+                 ) -> tuple[Proposal, str] | None:
+        if prefer is None:
+            prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
         try:
             proposal = propose(view, self.config, prefer=prefer)
         except NoFeasiblePlan as e:

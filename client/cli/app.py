@@ -11,8 +11,8 @@ import typer
 from hetswarm.client.cli import processes
 from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
 from hetswarm.client.cli.options import (
-    AnnounceMaddrsOpt, CoordinatorOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt, SwarmOpt, VerboseOpt,
-    configure_logging, err_console,
+    AnnounceMaddrsOpt, CoordinatorOpt, EnvvarCommand, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt,
+    LogFormatOpt, SwarmOpt, VerboseOpt, configure_logging, err_console,
 )
 from hetswarm.client.cli.coordinator import coordinator
 from hetswarm.client.cli.demo import demo
@@ -32,10 +32,10 @@ app = typer.Typer(
     help="Train foundation models on volunteered GPUs (DT-FM scheduling over a hivemind swarm).",
 )
 app.command()(schedule)
-app.command()(coordinator)
+app.command(cls=EnvvarCommand)(coordinator)
 app.command()(demo)
 
-@app.command()
+@app.command(cls=EnvvarCommand)
 def join(
     initial_peers: InitialPeersOpt = [],
     new_swarm: Annotated[bool, typer.Option("--new-swarm", help="Start a new swarm: this is its first peer.")] = False,
@@ -60,9 +60,12 @@ def join(
     torch_threads: Annotated[Optional[int], typer.Option(help="Cap torch's CPU threads (several clients on "
                                                               "one machine).")] = None,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = "text",
 ) -> None:
-    """Join a swarm as a volunteer: measure this GPU and the links to peers, publish them, and serve until Ctrl+C."""
-    configure_logging(verbose)
+    """Join a swarm as a volunteer: measure this GPU and the links to peers, publish them, and serve until Ctrl+C.
+
+    Every option can also be set by the environment variable shown beside it."""
+    configure_logging(verbose, log_format)
     if not initial_peers and not new_swarm:
         raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start one")
     if site is not None and emulate is None:

@@ -7,20 +7,29 @@ from typing import Annotated, Optional
 import typer
 
 from hetswarm.client.cli.options import (
-    AnnounceMaddrsOpt, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, SwarmOpt, VerboseOpt, configure_logging,
+    AnnounceMaddrsOpt,
+    HostMaddrsOpt,
+    LogFormatOpt,
+    IdentityPathOpt,
+    InitialPeersOpt,
+    SwarmOpt,
+    VerboseOpt,
+    configure_logging,
 )
 from hetswarm.client.cli.processes import run_coordinator
 from hetswarm.client.peer.addresses import ANY_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
-from hetswarm.coordinator.broadcaster import BroadcastConfig
-from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
+from hetswarm.coordinator.broadcaster import BroadcastConfig, state_path_for
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.errors import HetswarmError, RejectedInput
+from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
 
 
 def coordinator(
     initial_peers: InitialPeersOpt = [],
+    new_swarm: Annotated[bool, typer.Option("--new-swarm", help="Start a new swarm: this coordinator is its first "
+                                                                 "peer.")] = False,
     host_maddrs: HostMaddrsOpt = [ANY_HOST],
     announce_maddrs: AnnounceMaddrsOpt = [],
     identity_path: IdentityPathOpt = None,
@@ -40,20 +49,27 @@ def coordinator(
     reconsider: Annotated[float, typer.Option(help="Seconds between checks for a clearly better plan.")] = 30.0,
     save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run the coordinator: watch the swarm, schedule it (DT-FM) and broadcast signed assignments.
 
-    Without --initial-peers it is the first node of a new swarm. It prints the line volunteers paste, with the
-    `--coordinator PEER_ID` they pin, and re-plans when peers come and go or a clearly better plan appears.
+    With --new-swarm (and no --initial-peers) it is the first node of a new swarm. It prints the line volunteers
+    paste, with the `--coordinator PEER_ID` they pin, and re-plans when peers come and go or a clearly better plan
+    appears. With --identity-path it keeps its versions, the training step and the plan in force in
+    IDENTITY_PATH.state.json, so that a restart goes on where it stopped.
     """
-    configure_logging(verbose)
+    configure_logging(verbose, log_format)
+    if not initial_peers and not new_swarm:  # a restarted coordinator alone would plan a swarm of its own
+        raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start a new one with "
+                            "this coordinator as its first peer")
     model_config = load_model_config(model, **({"micro_batches": micro_batches} if micro_batches else {}))
     planner_config = PlannerConfig(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
         search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
         measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider,
     )
-    broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan)
+    broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
+                                       state_path=state_path_for(identity_path) if identity_path else None)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     run_coordinator(node_config, planner_config, broadcast_config)

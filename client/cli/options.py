@@ -1,28 +1,71 @@
 """Options shared by several `hetswarm` commands, defined once (as huggingface_hub's `hf` keeps its aliases)."""
 from __future__ import annotations
 
+import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from hivemind.utils.logging import use_hivemind_log_handler
 from rich.console import Console
 from rich.logging import RichHandler
+from typer.core import TyperCommand, TyperOption
+
+from hetswarm.protocol.errors import RejectedInput
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and full tracebacks.")]
+LogFormatOpt = Annotated[str, typer.Option("--log-format", help="text for people; json for log collectors: one JSON "
+                                                                "object a line on stderr, hivemind's lines too.")]
+ENVVAR_PREFIX = "HETSWARM_"
 
 console = Console()
 err_console = Console(stderr=True)
 
 
-def configure_logging(verbose: bool) -> None:
-    """One handler for hetswarm's loggers, on stderr so that stdout stays clean for --json."""
-    handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=verbose)
+class EnvvarCommand(TyperCommand):
+    """A command each of whose options can also be set by the environment variable HETSWARM_<OPTION> (listed in
+    --help), so a volunteer's service file or container needs no long command line; the command line wins."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperOption) and param.envvar is None:
+                param.envvar = ENVVAR_PREFIX + param.name.upper()
+                param.show_envvar = True
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message (and the traceback, when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": record.created, "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(verbose: bool, log_format: str = "text") -> None:
+    """One handler for hetswarm's loggers, on stderr so that stdout stays clean for --json. In json format every
+    logger (hivemind's, asyncio's, warnings) goes through the same handler, so that every line on stderr parses."""
+    if log_format not in ("text", "json"):
+        raise RejectedInput(f"--log-format must be text or json, got {log_format!r}")
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLogFormatter())
+        use_hivemind_log_handler("in_root_logger")  # hivemind's records reach the root logger, as asyncio's do
+        logging.getLogger().handlers[:] = [handler]
+        logging.captureWarnings(True)
+    else:
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=verbose)
     root = logging.getLogger("hetswarm")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.propagate = False
+
 
 InitialPeersOpt = Annotated[
     list[str], typer.Option("--initial-peers", help="Multiaddrs of peers in the swarm (/ip4/HOST/tcp/PORT/p2p/ID).")

@@ -144,7 +144,7 @@ class LocalSwarm:
     def start_coordinator(self, name: str = "coordinator", *args: str, timeout_s: float = 60.0) -> PeerProcess:
         """`hetswarm coordinator` as the swarm's first node (its identity kept in the workdir); `args` are its
         options (--model, --dp, --pp, --min-peers, ...)."""
-        peer = self.start(name, "coordinator", "--host-maddrs", LOOPBACK, "--swarm", self.swarm,
+        peer = self.start(name, "coordinator", "--new-swarm", "--host-maddrs", LOOPBACK, "--swarm", self.swarm,
                           "--identity-path", str(self.workdir / f"{name}.key"), *args)
         self.initial_peers = peer.wait_for(_PEER_LINE, timeout_s).group(1)
         self.coordinator_id = peer.wait_for(_COORDINATOR_LINE, timeout_s).group(1)

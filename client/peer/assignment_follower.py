@@ -4,7 +4,8 @@ Anyone can publish a signed assignment under the swarm's key (docs/hivemind.md, 
 follower reads every entry and takes the one signed by the coordinator it was started with (`--coordinator
 PEER_ID`). The DHT's validators already refuse forged signatures, malformed and oversized values; the follower
 also refuses an assignment whose contents do not make a plan (an unknown model config, layer ranges that do not
-cover the model, roles beyond the grid), logs why, and stays on its previous plan.
+cover the model, roles beyond the grid), logs why, and stays on its previous plan. An older version from the pinned
+coordinator (one restarted without its state) is ignored too, and said once per version in the log.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ class AssignmentFollower:
                 logger.info(f"Ignored assignment v{other.version} signed by {signer}: not the pinned coordinator")
         candidate = assignments.get(self.coordinator_id)
         if candidate is None or (self.current is not None and candidate.version <= self.current.version):
+            if candidate is not None and candidate.version < self.current.version:
+                self._say_older(candidate)
             return None
         if (reason := reason_to_refuse(candidate)) is not None:
             if (self.coordinator_id, candidate.version) not in self._refused:
@@ -83,6 +86,14 @@ class AssignmentFollower:
         self.current = candidate
         logger.info(f"Following assignment v{candidate.version}: {self._describe_role()}")
         return candidate
+
+    def _say_older(self, candidate: Assignment) -> None:
+        """Once per version: the pinned coordinator went back (a restart that lost its versions), and until it
+        publishes above ours this peer stays on its plan; the operator needs to see that."""
+        if (self.coordinator_id, candidate.version) not in self._refused:
+            self._refused.add((self.coordinator_id, candidate.version))
+            logger.warning(f"Ignored assignment v{candidate.version} from the pinned coordinator: older than v"
+                           f"{self.current.version}, which this peer follows")
 
     def _describe(self) -> str:
         return "no plan yet" if self.current is None else f"v{self.current.version}"
