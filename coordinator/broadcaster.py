@@ -18,28 +18,26 @@ more (they restarted and lost their weights, or left) is forgotten with its step
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
 
 import hivemind
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.planner import Proposal, Replanner
+from hetswarm.coordinator.run_state import (
+    CoordinatorState, highest_followed_version, load_state, save_state, standing, start_step, write_json,
+)
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole, Progress
+from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole
 
-__all__ = ["BroadcastConfig", "Broadcaster", "CoordinatorState", "build_assignment", "load_state", "save_state",
-           "standing", "start_step", "state_path_for"]
+__all__ = ["BroadcastConfig", "Broadcaster", "build_assignment"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,108 +66,6 @@ class BroadcastConfig:
         if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
             raise ConfigError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
                              f"request_timeout_s={self.request_timeout_s}")
-
-
-def state_path_for(identity_path: Path) -> Path:
-    """The state file of the coordinator whose identity is in `identity_path`: next to it, so both move together."""
-    return identity_path.with_name(identity_path.name + ".state.json")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CoordinatorState:
-    """What a coordinator must not forget across a restart: versions only grow, the step never goes back, and the
-    plan in force is kept."""
-
-    coordinator_id: str
-    """The identity this state belongs to; another identity's state is never used."""
-    version: int = 0
-    """The last version published."""
-    step: int = 0
-    """The step the next plan starts at (`start_step`)."""
-    assignment: Assignment | None = None
-    """The plan in force: the last one published."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"coordinator_id": self.coordinator_id, "version": self.version, "step": self.step,
-                "assignment": None if self.assignment is None else self.assignment.dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CoordinatorState:
-        """Raises: ValueError, TypeError, KeyError on a value that is not a state."""
-        version, step = data["version"], data["step"]
-        if not (isinstance(version, int) and isinstance(step, int) and version >= 0 and step >= 0):
-            raise ValueError(f"version and step must be non-negative integers, got {version!r} and {step!r}")
-        assignment = None if data["assignment"] is None else Assignment.parse_obj(data["assignment"])
-        return cls(coordinator_id=str(data["coordinator_id"]), version=version, step=step, assignment=assignment)
-
-
-def load_state(path: Path, coordinator_id: str) -> CoordinatorState | None:
-    """This coordinator's saved state, or None when there is none it can use (each reason logged): a missing file is
-    a first start; an unreadable one, or another identity's, is ignored, because the swarm's records still keep
-    versions growing (module docstring) and a coordinator that refused to start would stall the swarm."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        logger.info(f"No coordinator state at {path}: a first start")
-        return None
-    except OSError as e:
-        logger.warning(f"Could not read the coordinator state {path} ({e}); going on from the swarm's records")
-        return None
-    try:
-        state = CoordinatorState.from_dict(json.loads(text))
-    except (ValueError, TypeError, KeyError) as e:  # pydantic's ValidationError is a ValueError
-        logger.warning(f"Ignored the coordinator state {path}: it is not one ({type(e).__name__}: {e})")
-        return None
-    if state.coordinator_id != coordinator_id:
-        logger.warning(f"Ignored the coordinator state {path}: it belongs to {state.coordinator_id}, not to this "
-                       f"identity {coordinator_id}")
-        return None
-    return state
-
-
-def save_state(path: Path, state: CoordinatorState) -> None:
-    """Written whole and durably or not at all (temp file, fsync, os.replace), so a crash mid-write leaves the
-    previous state."""
-    _write_json(path, state.to_dict(), durable=True)
-
-
-def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, remembered: int = 0) -> int:
-    """The step a new plan starts at: one past the last step the current plan's members reported under it.
-
-    A Progress step is the last step its peer completed (and steps are applied by the whole plan or by nobody), and
-    a plan trains its `step` first (client/training/trainer.py), so the next plan starts at that + 1. Only members
-    count, under the current version: anyone can publish Progress, and a member's record of an older plan says
-    nothing about this one. Never below the current plan's own start or `remembered` (what the coordinator already
-    knew), so that expired records cannot send training back.
-
-    Args:
-        progress: Progress records by the peer id that signed them.
-    """
-    floor = max(remembered, current.step if current is not None else 0)
-    if current is None:
-        return floor
-    reported = [record.step for signer, record in progress.items() if signer == record.peer_id
-                and signer in current.roles and record.assignment_version == current.version]
-    return max([floor] + [step + 1 for step in reported])
-
-
-Standing = Literal["in force", "superseded", "abandoned"]
-
-
-def standing(plan: Assignment, records: Mapping[str, PeerRecord]) -> Standing:
-    """Whether a previous run's plan still holds in the swarm, from its peers' records: `in force` while one of them
-    follows it, `superseded` when they follow a later version of ours that this run does not know, else
-    `abandoned`: its peers restarted (and lost their weights) or left, so neither the plan nor its step carries on."""
-    followed = [r.assignment_version for peer, r in records.items()
-                if peer in plan.roles and r.assignment_version is not None]
-    if plan.version in followed:
-        return "in force"
-    return "superseded" if any(version > plan.version for version in followed) else "abandoned"
-
-
-def highest_followed_version(records: Mapping[str, PeerRecord]) -> int:
-    """The highest assignment version any peer says it follows: a new version must be above it to be followed."""
-    return max((r.assignment_version or 0 for r in records.values()), default=0)
 
 
 def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int) -> Assignment:
@@ -291,7 +187,7 @@ class Broadcaster:
                     f"{len(proposal.standbys)} standby, predicted {proposal.live.total_s:.3f} s/step ({reason})")
         await self._publish()
         if self.config.save_plan is not None:
-            _write_json(self.config.save_plan, proposal.to_dict() | {
+            write_json(self.config.save_plan, proposal.to_dict() | {
                 "version": version, "reason": reason, "coordinator_id": self.coordinator_id})
 
     async def _track_progress(self) -> None:
@@ -346,22 +242,3 @@ class Broadcaster:
                 return found
         logger.warning(f"Could not read the swarm's {field!r} records at start; going on without them")
         return None
-
-
-def _write_json(path: Path, data: dict, *, durable: bool = False) -> None:
-    """Written whole or not at all: readers never see half a plan; `durable` also survives a power cut (fsync of
-    the file before the rename and of the folder after it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w") as file:
-        json.dump(data, file, indent=1)
-        if durable:
-            file.flush()
-            os.fsync(file.fileno())
-    os.replace(partial, path)
-    if durable:
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)

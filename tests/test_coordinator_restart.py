@@ -28,9 +28,9 @@ from hetswarm.client.cli import app
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
-from hetswarm.coordinator.broadcaster import (
+from hetswarm.coordinator.broadcaster import build_assignment
+from hetswarm.coordinator.run_state import (
     CoordinatorState,
-    build_assignment,
     load_state,
     save_state,
     standing,

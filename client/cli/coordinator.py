@@ -19,7 +19,8 @@ from hetswarm.client.cli.options import (
 from hetswarm.client.cli.processes import run_coordinator
 from hetswarm.client.peer.addresses import ANY_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
-from hetswarm.coordinator.broadcaster import BroadcastConfig, state_path_for
+from hetswarm.coordinator.broadcaster import BroadcastConfig
+from hetswarm.coordinator.run_state import state_path_for
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
