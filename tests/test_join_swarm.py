@@ -76,7 +76,7 @@ def test_a_killed_client_disappears_within_its_expiry(swarm, settled):
     snapshot = swarm.poll(lambda s: "london" not in by_name(s), timeout_s=TTL_S + 15)
     assert "london" not in by_name(snapshot)
     assert time.monotonic() - killed_at <= TTL_S + 15
-    london.kill()  # its DHT child outlived it (docs/hivemind.md, pitfall 5)
+    london.kill()  # reaps by PID whatever of its tree is left (OwnedDHT should have ended it already)
 
 
 def test_no_process_is_left_behind(swarm):

@@ -1,8 +1,8 @@
 """A whole swarm on one machine: `hetswarm` processes on 127.0.0.1, started, watched and always reaped.
 
 Used by `hetswarm demo` and by the integration tests. Each peer is a separate `hetswarm` process, as on a
-volunteer's machine; its DHT child (and that child's p2pd) outlive a SIGKILLed parent, so every process tree is
-recorded while its root is alive and ended by PID.
+volunteer's machine. A peer's DHT child (and its p2pd) ends soon after a SIGKILLed parent (OwnedDHT), but every
+process tree is still recorded while its root is alive and ended by PID, so that a test never leaves one behind.
 """
 from __future__ import annotations
 

@@ -6,15 +6,18 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import hivemind
+import psutil
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 
@@ -31,6 +34,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_SWARM = "hetswarm"
 DHT_START_TIMEOUT_S = 60.0
 SITE_REFRESH_S = 1.0
+PARENT_POLL_S = 0.5
+"""How often the DHT process checks that the process that started it still lives."""
+ORPHAN_GRACE_S = 3.0
+"""How long an orphaned DHT process may take to shut down cleanly before it kills p2pd and exits anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,9 +60,84 @@ class NodeConfig:
         object.__setattr__(self, "announce_maddrs", tuple(check_maddrs(self.announce_maddrs, option="--announce-maddrs")))
 
 
+class OwnedDHT(hivemind.DHT):
+    """A hivemind DHT process that dies with the process that started it, taking its p2pd along.
+
+    hivemind's DHT process outlives a SIGKILLed parent and keeps serving the swarm, with its p2pd, until someone
+    kills it (docs/hivemind.md, pitfall 5); torch's shm manager, which the DHT process also keeps open, stays too.
+    Here a thread of the DHT process polls its parent pid: once the parent is gone, the process asks itself to shut
+    down the way `shutdown()` does (p2pd is terminated and awaited), and after `ORPHAN_GRACE_S` kills p2pd by PID
+    and exits regardless. (p2pd was seen to end within 50 ms of the DHT process anyway, on EOF of its control
+    connection, or of SIGPIPE when it logs that to its closed stdout; it is ended by PID all the same.) Polling,
+    unlike prctl(PR_SET_PDEATHSIG), also works off Linux and is not fooled when the thread that forked the DHT
+    exits before its process does.
+    """
+
+    def __init__(self, *args, parent_poll_s: float = PARENT_POLL_S, **kwargs):
+        if parent_poll_s <= 0:
+            raise ValueError(f"parent_poll_s must be positive, got {parent_poll_s}")
+        self._owner_pid = os.getpid()  # the process that forks us: multiprocessing starts only from the creator
+        self._parent_poll_s = parent_poll_s
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:
+        """In the DHT process: hivemind's serving loop, plus the thread that ends it when our parent dies."""
+        threading.Thread(target=self._end_when_orphaned, name="hetswarm-parent-watch", daemon=True).start()
+        try:
+            super().run()
+        finally:  # normally p2pd is already gone (awaited in shutdown); not when the node failed half-way
+            _end_processes(psutil.Process().children(recursive=True))
+
+    def _end_when_orphaned(self) -> None:
+        """Waits for the parent to die (we are re-parented), then shuts down cleanly or, failing that, hard."""
+        while os.getppid() == self._owner_pid:
+            time.sleep(self._parent_poll_s)
+        logger.warning(f"The process that started this DHT node ({self._owner_pid}) is gone; shutting down")
+        try:
+            self._outer_pipe.send(("_shutdown", [], {}))  # our copy of the parent's end: the clean path
+        except (OSError, ValueError):
+            pass
+        time.sleep(ORPHAN_GRACE_S)  # a clean shutdown ends this process, and this daemon thread with it
+        _end_processes(psutil.Process().children(recursive=True))
+        os._exit(1)
+
+    def shutdown(self) -> None:
+        """hivemind's shutdown; if that had to terminate the DHT process, its p2pd is then ended by PID too."""
+        daemons = _children_of(self.pid) if self.pid is not None and self.is_alive() else []
+        super().shutdown()
+        _end_processes(daemons)
+
+
+def _children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _end_processes(processes: list[psutil.Process], grace_s: float = 1.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`, to those of `processes` still running (psutil checks the start
+    time, so a recycled PID is never signalled)."""
+    running = []
+    for process in processes:
+        try:
+            process.terminate()
+            running.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(running, timeout=grace_s)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
-    """Starts the DHT process; call before any thread, CUDA or heavy torch work (it forks: docs/hivemind.md)."""
-    dht = hivemind.DHT(
+    """Starts the DHT process; call before any thread, CUDA or heavy torch work (it forks: docs/hivemind.md).
+
+    The process (and its p2pd) ends when ours does, even when ours is SIGKILLed (OwnedDHT)."""
+    dht = OwnedDHT(
         initial_peers=list(config.initial_peers),
         host_maddrs=list(config.host_maddrs),
         announce_maddrs=list(config.announce_maddrs) or None,

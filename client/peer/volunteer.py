@@ -2,15 +2,21 @@
 
 Three loops share one event loop and die together (asyncio.TaskGroup): the heartbeat refreshes the PeerRecord
 every T/2 with expiry T, so a silent peer disappears within T; the view reads everyone's records and wakes the
-prober when a new peer appears; the prober measures links, a bounded number per round. With a pinned coordinator
-a fourth loop follows its assignments (client/assignment_follower.py), publishes the role at once and hands each
-newly accepted assignment to the training side through the `on_assignment` hook.
+prober when a new peer appears; the prober measures links, a bounded number per round. A peer whose probe failed
+(crashed, until its record expires; or serving no probe handler) is tried again only after an exponential backoff,
+and the record is published by the heartbeat, plus once after a round that measured something new: a peer that
+cannot be probed never makes the prober spin, nor the record be stored over and over (of overlapping stores, the
+DHT refuses one). With a pinned coordinator a fourth loop follows its assignments (client/assignment_follower.py),
+publishes the role at once and hands each newly accepted assignment to the training side through the
+`on_assignment` hook.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.metadata
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -38,6 +44,10 @@ class VolunteerConfig:
     reprobe_s: float = 600.0
     """Links are measured again after this long, and at once when a new peer appears."""
     max_probes_per_round: int = 8
+    probe_backoff_s: float = 5.0
+    """After a failed probe the peer is tried again after this long, doubling with each failure in a row."""
+    probe_backoff_max_s: float = 300.0
+    """The longest wait between probes of a peer that keeps failing; a success resets the backoff."""
     probe: ProbeConfig = ProbeConfig()
     public_name: str | None = None
     site: str | None = None
@@ -49,9 +59,12 @@ class VolunteerConfig:
     def __post_init__(self) -> None:
         if self.assignment_poll_s <= 0:
             raise ConfigError(f"assignment_poll_s must be positive, got {self.assignment_poll_s}")
-        if self.ttl_s < 2 or self.view_interval_s <= 0 or self.max_probes_per_round < 1:
+        if self.ttl_s < 2 or self.view_interval_s <= 0 or self.reprobe_s <= 0 or self.max_probes_per_round < 1:
             raise ConfigError(f"bad timing: ttl_s={self.ttl_s}, view_interval_s={self.view_interval_s}, "
-                             f"max_probes_per_round={self.max_probes_per_round}")
+                             f"reprobe_s={self.reprobe_s}, max_probes_per_round={self.max_probes_per_round}")
+        if not 0 < self.probe_backoff_s <= self.probe_backoff_max_s:
+            raise ConfigError(f"need 0 < probe_backoff_s <= probe_backoff_max_s, got {self.probe_backoff_s} and "
+                             f"{self.probe_backoff_max_s}")
 
 
 OnAssignment = Callable[[Assignment], Awaitable[None]]
@@ -77,6 +90,15 @@ class Volunteer:
         self.peers: dict[str, PeerRecord] = {}
         self._probe_wanted = asyncio.Event()
         self._probe_wanted.set()  # the first round turns `joining` into `ready`, even with nobody to measure
+        self._failures: dict[str, int] = {}
+        """Failed probes in a row, per peer in view."""
+        self._retry_at: dict[str, float] = {}
+        """time.monotonic() before which a peer that failed its last probe is not probed again."""
+        self._publish_lock = asyncio.Lock()
+        self.probe_attempts: collections.Counter[str] = collections.Counter()
+        """Probes started, per peer: for logs and tests."""
+        self.publishes: collections.Counter[str] = collections.Counter()
+        """Records published, by reason (start, heartbeat, probe, assignment, leaving): for logs and tests."""
 
     @property
     def namespace(self) -> str:
@@ -98,18 +120,22 @@ class Volunteer:
             updated_at=get_dht_time(),
         )
 
-    async def publish_record(self) -> None:
-        try:
-            stored = await self.node.records.publish(self.record(), ttl_s=self.config.ttl_s)
-        except TimeoutError:
-            stored = False
+    async def publish_record(self, reason: str = "update") -> None:
+        """Stores our record; one store at a time, since of two overlapping stores the DHT refuses one."""
+        async with self._publish_lock:
+            self.publishes[reason] += 1
+            logger.debug(f"Publishing our record ({reason})")
+            try:
+                stored = await self.node.records.publish(self.record(), ttl_s=self.config.ttl_s)
+            except TimeoutError:
+                stored = False
         if not stored:
             logger.warning("No DHT node accepted our peer record; retrying at the next heartbeat")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until `stop` is set, then publishes `leaving` once."""
         await ProbeServicer().add_p2p_handlers(self.node.p2p, namespace=self.namespace)
-        await self.publish_record()
+        await self.publish_record("start")
         try:
             async with asyncio.TaskGroup() as tasks:
                 loops = [self._heartbeat, self._watch, self._probe] + ([self._follow] if self.follower else [])
@@ -119,7 +145,7 @@ class Volunteer:
                     task.cancel()
         finally:
             self.state = "leaving"
-            await self.publish_record()
+            await self.publish_record("leaving")
             logger.info("Published `leaving`; goodbye")
 
     async def _follow(self) -> None:
@@ -131,7 +157,7 @@ class Volunteer:
                 logger.debug("Reading the assignment key timed out")
                 entries = {}
             if (accepted := self.follower.consider(entries)) is not None:
-                await self.publish_record()
+                await self.publish_record("assignment")
                 if self._on_assignment is not None:
                     task = asyncio.create_task(self._on_assignment(accepted), name=f"assignment-v{accepted.version}")
                     self._hook_tasks.add(task)
@@ -146,7 +172,7 @@ class Volunteer:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.config.ttl_s / 2)
-            await self.publish_record()
+            await self.publish_record("heartbeat")
 
     async def _watch(self) -> None:
         while True:
@@ -166,37 +192,67 @@ class Volunteer:
                 self._probe_wanted.set()
             await asyncio.sleep(self.config.view_interval_s)
 
-    def _due_for_probe(self) -> list[str]:
-        """Unmeasured peers first, then the stalest measurements, at most max_probes_per_round.
+    def _mine(self) -> list[str]:
+        """The peers whose link to us we measure.
 
         Each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's pings wait
         behind the other side's payload on the same link. Links count as symmetric, as the paper's model has them.
         """
-        now = get_dht_time()
-        mine = [p for p in self.peers if p > self.node.peer_id]
-        due = [p for p in mine if p not in self.links or now - self.links[p].measured_at > self.config.reprobe_s]
+        return [p for p in self.peers if p > self.node.peer_id]
+
+    def _wait_before_probe(self, peer: str) -> float:
+        """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""
+        stale_in = self.links[peer].measured_at + self.config.reprobe_s - get_dht_time() if peer in self.links else 0.0
+        backoff_in = self._retry_at.get(peer, 0.0) - time.monotonic()
+        return max(stale_in, backoff_in, 0.0)
+
+    def _due_for_probe(self) -> list[str]:
+        """Unmeasured peers first, then the stalest measurements, at most max_probes_per_round; peers backing off
+        after a failed probe wait their turn."""
+        due = [p for p in self._mine() if self._wait_before_probe(p) == 0.0]
         due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
         return due[: self.config.max_probes_per_round]
 
+    def _backoff_s(self, failures: int) -> float:
+        return min(self.config.probe_backoff_s * 2 ** min(failures - 1, 32), self.config.probe_backoff_max_s)
+
+    async def _probe_one(self, peer: str) -> bool:
+        """One probe of one peer: True with a new measurement; a failure sets the peer's next try (backoff)."""
+        self.probe_attempts[peer] += 1
+        try:
+            link = await measure_link(self.node.p2p, PeerID.from_base58(peer), namespace=self.namespace,
+                                      config=self.config.probe)
+        except Exception as e:  # a dead or misbehaving peer costs one probe per backoff, never the client
+            failures = self._failures[peer] = self._failures.get(peer, 0) + 1
+            wait_s = self._backoff_s(failures)
+            self._retry_at[peer] = time.monotonic() + wait_s
+            logger.debug(f"Probe of {short_id(peer)} failed ({failures} in a row), next try in {wait_s:.0f} s: {e!r}",
+                         exc_info=True)
+            return False
+        self._failures.pop(peer, None)
+        self._retry_at.pop(peer, None)
+        self.links[peer] = link
+        logger.info(f"Link to {short_id(peer)}: {link.latency_ms:.1f} ms, {link.bandwidth_mbps:.1f} Mbit/s")
+        return True
+
     async def _probe(self) -> None:
+        """Probes the due peers whenever some are due or the view found new ones; publishes only news."""
         while True:
-            try:
-                await asyncio.wait_for(self._probe_wanted.wait(), timeout=self.config.reprobe_s)
-            except TimeoutError:
-                pass
-            self._probe_wanted.clear()
-            for peer in self._due_for_probe():
+            mine = self._mine()
+            wait_s = min((self._wait_before_probe(p) for p in mine), default=self.config.reprobe_s)
+            if wait_s > 0:
                 try:
-                    link = await measure_link(self.node.p2p, PeerID.from_base58(peer), namespace=self.namespace,
-                                              config=self.config.probe)
-                except Exception as e:  # a dead or misbehaving peer costs one probe, never the client
-                    logger.debug(f"Probe of {peer} failed: {e!r}", exc_info=True)
-                    continue
-                self.links[peer] = link
-                logger.info(f"Link to {short_id(peer)}: {link.latency_ms:.1f} ms, {link.bandwidth_mbps:.1f} Mbit/s")
-            self.links = {p: m for p, m in self.links.items() if p in self.peers}
+                    await asyncio.wait_for(self._probe_wanted.wait(), timeout=min(wait_s, self.config.reprobe_s))
+                except TimeoutError:
+                    pass
+            self._probe_wanted.clear()
+            measured = [peer for peer in self._due_for_probe() if await self._probe_one(peer)]
+            in_view = set(self.peers)
+            self.links = {p: m for p, m in self.links.items() if p in in_view}
+            self._failures = {p: n for p, n in self._failures.items() if p in in_view}
+            self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
+            news = bool(measured) or self.state == "joining"
             if self.state == "joining":
                 self.state = "ready"
-            await self.publish_record()
-            if self._due_for_probe():
-                self._probe_wanted.set()
+            if news:
+                await self.publish_record("probe")

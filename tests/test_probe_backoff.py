@@ -1,0 +1,116 @@
+"""A peer in view that cannot be probed is retried with exponential backoff, and our record is not republished on
+every probe pass: the heartbeat publishes it, plus once per round that measured something new.
+
+The swarm is real, on 127.0.0.1: a `silent` node publishes a valid signed PeerRecord but serves no probe handler
+(as a peer without the probe service, or a crashed one until its record expires); a `good` peer is a Volunteer;
+`me` is a Volunteer with the smallest peer id, so it is the one that measures both links. Before the backoff, `me`
+probed `silent` about 1500 times in 20 s and published its record as often.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import hivemind
+import pytest
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeConfig
+from hetswarm.client.peer.node import Identity, NodeConfig, SwarmNode, start_dht
+from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
+from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Hardware, PeerRecord
+from tests.helpers.dht_nodes import start_node
+
+pytestmark = pytest.mark.timeout(120)
+
+SWARM = "backoff"
+RUN_S = 20.0
+TTL_S = 8.0
+"""Heartbeat every 4 s."""
+BACKOFF_S = 2.0
+"""Tries of the silent peer at about 0, 2, 6 and 14 s after it comes into view: at most 4 in RUN_S."""
+HARDWARE = Hardware(device="cpu", device_name="test", tflops=1.0, dtype="float32", memory_gib=1.0)
+QUICK_PROBE = ProbeConfig(pings=2, ping_spacing_s=0.01, max_payload_bytes=SMALL_PROBE_BYTES, bandwidth_rounds=1,
+                          target_s=0.05, timeout_s=10.0)
+CONFIG = VolunteerConfig(ttl_s=TTL_S, view_interval_s=1.0, probe_backoff_s=BACKOFF_S, probe_backoff_max_s=60.0,
+                         probe=QUICK_PROBE)
+
+
+def identities(folder: Path, names: list[str]) -> dict[str, Identity]:
+    """New identities, named in the order of their peer ids (the smaller id of a pair measures the link)."""
+    keys: list[tuple[str, Path, RSAPrivateKey]] = []
+    for i in range(len(names)):
+        path = folder / f"{i}.key"
+        key = load_identity(path)
+        keys.append((peer_id_of(key.get_public_key()), path, key))
+    return {name: Identity(path, key) for name, (_, path, key) in zip(names, sorted(keys))}
+
+
+async def publish_silent_record(dht: hivemind.DHT, identity: Identity) -> None:
+    """A valid, signed record of a peer that serves no probe handler."""
+    record = PeerRecord(peer_id=identity.peer_id, maddrs=[str(m) for m in dht.get_visible_maddrs()], version="test",
+                        hardware=HARDWARE, state="ready", updated_at=get_dht_time())
+    assert await SwarmRecords(dht, SWARM, private_key=identity.private_key).publish(record, ttl_s=120.0)
+
+
+async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identity]], run_s: float
+                         ) -> dict[str, Volunteer]:
+    """Runs one Volunteer per node in this event loop for `run_s`, then stops them (each publishes `leaving`)."""
+    attached = {name: await SwarmNode.attach(config, dht, identity) for name, (config, dht, identity) in nodes.items()}
+    volunteers = {name: Volunteer(node, HARDWARE, CONFIG) for name, node in attached.items()}
+    stop = asyncio.Event()
+    try:
+        async with asyncio.timeout(run_s + 30):
+            async with asyncio.TaskGroup() as tasks:
+                for volunteer in volunteers.values():
+                    tasks.create_task(volunteer.run(stop))
+                await asyncio.sleep(run_s)
+                stop.set()
+    finally:
+        for node in attached.values():
+            await node.p2p.shutdown()
+    return volunteers
+
+
+def test_an_unprobeable_peer_is_retried_with_backoff_and_the_record_is_not_republished_per_pass(tmp_path):
+    ids = identities(tmp_path, ["me", "silent", "good"])
+    silent_dht, _ = start_node(SWARM, ids["silent"].path)
+    dhts = [silent_dht]
+    try:
+        config = NodeConfig(swarm=SWARM, initial_peers=tuple(str(m) for m in silent_dht.get_visible_maddrs()),
+                            host_maddrs=(LOOPBACK,))
+        nodes = {}
+        for name in ("me", "good"):
+            dhts.append(start_dht(config, ids[name]))
+            nodes[name] = (config, dhts[-1], ids[name])
+
+        async def scenario() -> dict[str, Volunteer]:
+            await publish_silent_record(silent_dht, ids["silent"])
+            return await run_volunteers(nodes, RUN_S)
+
+        me = asyncio.run(scenario())["me"]
+    finally:
+        for dht in reversed(dhts):
+            dht.shutdown()
+
+    silent, good = ids["silent"].peer_id, ids["good"].peer_id
+    assert silent in me.peers, "the silent peer was in view all along"
+    assert 2 <= me.probe_attempts[silent] <= 4, me.probe_attempts
+    assert silent not in me.links
+    assert me.probe_attempts[good] == 1 and good in me.links, me.probe_attempts  # others are measured as before
+
+    heartbeats = me.publishes["heartbeat"]
+    assert heartbeats <= RUN_S / (TTL_S / 2) + 1, me.publishes
+    assert me.publishes["probe"] <= 2, me.publishes  # `ready` after the first round; the link to `good`
+    assert me.publishes.total() <= heartbeats + 4, me.publishes  # + start and leaving
+
+
+@pytest.mark.parametrize("base_s, max_s", [(0.0, 10.0), (20.0, 10.0)])
+def test_a_backoff_that_could_spin_or_never_grow_is_refused(base_s: float, max_s: float):
+    with pytest.raises(ConfigError, match="probe_backoff_s"):
+        VolunteerConfig(probe_backoff_s=base_s, probe_backoff_max_s=max_s)
