@@ -1,5 +1,8 @@
 """Activation and gradient frames: one tensor on a hivemind stream, tagged with where it belongs in training.
 
+The header names the step and its attempt: a step that failed anywhere in the plan is retried under a new
+attempt number with the same data, so frames of the aborted attempt can be told apart from the retry's.
+
 A frame is a list of ``runtime_pb2.ExpertRequest`` messages. The first carries the ``FrameHeader`` (JSON in
 ``metadata``) and the first part of the tensor; each later message carries one more part. The tensor is
 serialized by hivemind (``serialize_torch_tensor``, no compression) and split into FRAME_PART_BYTES parts, since
@@ -50,6 +53,9 @@ class FrameHeader(BaseModel):
     kind: FrameKind
     assignment_version: conint(strict=True, ge=0)
     step: conint(strict=True, ge=0)
+    attempt: conint(strict=True, ge=0) = 0
+    """Which try of the step this frame belongs to: a step that failed anywhere is retried as attempt + 1, and
+    frames of an aborted attempt must never be used in a later one (client/training/step_commit.py)."""
     micro_batch: conint(strict=True, ge=0)
     pipeline: conint(strict=True, ge=0)
     shape: conlist(conint(strict=True, ge=0), max_items=_MAX_DIMS)
@@ -68,11 +74,12 @@ class FrameHeader(BaseModel):
     @classmethod
     def for_tensor(
         cls, tensor: torch.Tensor, *, kind: FrameKind, assignment_version: int, step: int, micro_batch: int,
-        pipeline: int,
+        pipeline: int, attempt: int = 0,
     ) -> "FrameHeader":
         """The header of ``tensor``: its shape and dtype, with the given tags."""
-        return cls(kind=kind, assignment_version=assignment_version, step=step, micro_batch=micro_batch,
-                   pipeline=pipeline, shape=list(tensor.shape), dtype=_dtype_name(tensor.dtype))
+        return cls(kind=kind, assignment_version=assignment_version, step=step, attempt=attempt,
+                   micro_batch=micro_batch, pipeline=pipeline, shape=list(tensor.shape),
+                   dtype=_dtype_name(tensor.dtype))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,6 +29,11 @@ def probe_namespace(swarm: str) -> str:
     return f"{check_swarm_name(swarm)}.probe"
 
 
+def reachability_namespace(swarm: str) -> str:
+    """Handlers that dial a peer back on the addresses it announces, and tell it their clock."""
+    return f"{check_swarm_name(swarm)}.reachability"
+
+
 def stage_namespace(swarm: str) -> str:
     """Handlers that take activation and gradient frames from pipeline neighbours."""
     return f"{check_swarm_name(swarm)}_stage"
@@ -37,6 +42,16 @@ def stage_namespace(swarm: str) -> str:
 def allreduce_namespace(swarm: str, stage: int) -> str:
     """Handlers of one stage group's gradient all-reduce; each stage's group has its own."""
     return f"{check_swarm_name(swarm)}_stage{stage}_allreduce"
+
+
+def commit_namespace(swarm: str, version: int) -> str:
+    """Handlers of one plan's step-commit votes; a new plan version gets its own, so old votes never mix in."""
+    return f"{stage_namespace(swarm)}_commit_v{version}"
+
+
+def replica_namespace(swarm: str, stage: int) -> str:
+    """Handlers that compare and copy one stage's replica state."""
+    return f"{allreduce_namespace(swarm, stage)}_replicas"
 
 
 def short_id(peer_id: str) -> str:

@@ -5,19 +5,29 @@ hetswarm.protocol and hetswarm.client.peer.
  * data.py              - byte-level tokens; a default corpus that needs no download
  * reference.py         - the single-process step that a distributed step must equal
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
- * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner)
+ * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner, bit-identical results)
+ * step_commit.py       - all-or-nothing steps: the plan-wide commit vote over (step, attempt)
+ * replica_sync.py      - replicas compare state hashes and a differing one is resynchronised
  * stage_worker.py      - one stage's GPipe step, composed from the pieces above
- * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce
+ * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce,
+                          a step aborted on every attempt, a commit whose outcome is unknown
  * trainer.py           - follows assignments: (re)starts the stage worker, publishes progress
 """
-from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, PartialAllReduce, StageError
+from hetswarm.client.training.errors import (
+    CommitUnknown,
+    FrameRefused,
+    NeighbourSilent,
+    PartialAllReduce,
+    StageError,
+    StepAborted,
+)
 from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
 from hetswarm.client.training.reference import reference_step
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, start_stage
 from hetswarm.client.training.trainer import Trainer, TrainerConfig, TrainingSetup
 
 __all__ = [
-    "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageConfig", "StageError", "StageModule",
-    "StageWorker", "Trainer", "TrainerConfig", "TrainingSetup", "build_full_model", "build_stage", "loss",
+    "CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageConfig", "StageError", "StageModule",
+    "StageWorker", "StepAborted", "Trainer", "TrainerConfig", "TrainingSetup", "build_full_model", "build_stage", "loss",
     "reference_step", "start_stage",
 ]

@@ -5,7 +5,7 @@ for the coordinator's next assignment instead of stepping on a half-made gradien
 """
 from hetswarm.protocol.errors import HetswarmError
 
-__all__ = ["FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError"]
+__all__ = ["CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError", "StepAborted"]
 
 
 class StageError(HetswarmError):
@@ -22,3 +22,12 @@ class NeighbourSilent(StageError):
 
 class PartialAllReduce(StageError):
     """The stage group's all-reduce lost a member: the average covers only part of the group, so it is not used."""
+
+
+class StepAborted(StageError):
+    """Every attempt of a step allowed by the config was aborted by the plan; no peer applied it."""
+
+
+class CommitUnknown(StageError):
+    """This peer could not learn whether the plan applied the step (a member's vote never reached it): it
+    neither applies nor retries the step, and the plan must change."""

@@ -2,10 +2,16 @@
 
 hivemind's ``AllReduceRunner`` (butterfly: reduce-scatter, then all-gather) is driven directly, without
 ``DecentralizedAverager``'s matchmaking: the assignment already fixes the group. Every member builds a runner
-with the same sorted peer list and the same group id, a hash of (swarm, assignment version, step, stage).
+with the same sorted peer list and the same group id, a hash of (swarm, assignment version, stage, step,
+attempt): a retried step never meets parts of its aborted attempt.
 ``GroupRouter`` is the servicer the runners call each other through: it hands each incoming part stream to the
 local runner of that group id, waiting for it when a faster member's part arrives before this member has
 finished its own backward pass (as ``DecentralizedAverager.rpc_aggregate_part`` does).
+
+Every member must end with the very same bits, or replicas drift apart by rounding (a replica's state hash would
+then never match its partner's). hivemind's runner hands each sender ``average - part`` and the sender adds it
+back, which is not bit-exact; ``ExactAllReduceRunner`` sends the reducer's average itself, for remote and local
+parts alike, so every member copies identical values (it overrides two methods of hivemind 1.1.12's runner).
 
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
@@ -20,14 +26,15 @@ from typing import AsyncIterator  # ServicerBase recognises streams by typing.As
 
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, GroupID
-from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES
+from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, BannedException
+from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import achain, aenumerate, as_aiter
 
 from hetswarm.client.training.errors import PartialAllReduce
 
-__all__ = ["GroupRouter", "StageGroup"]
+__all__ = ["ExactAllReduceRunner", "GroupRouter", "StageGroup"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +105,38 @@ class GroupRouter(ServicerBase):
                 round_.drained.set()
 
 
+class ExactAllReduceRunner(AllReduceRunner):
+    """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors."""
+
+    async def _communicate_with_peer(self, peer_id: PeerID):
+        if peer_id != self.peer_id:
+            return await super()._communicate_with_peer(peer_id)
+        peer_index, sender_index = self.ordered_peer_ids.index(peer_id), self.sender_peer_ids.index(peer_id)
+        for part_index, tensor_part in enumerate(self.parts_for_local_averaging):
+            averaged_part = await self.tensor_part_reducer.accumulate_part(
+                sender_index, part_index, tensor_part, weight=self.weight)
+            self.tensor_part_container.register_processed_part(peer_index, part_index, averaged_part.clone())
+
+    async def _accumulate_parts_streaming(self, stream: AsyncIterator[averaging_pb2.AveragingData],
+                                          sender_index: int):
+        part_index = 0
+        try:
+            async for message in stream:
+                tensor_part = deserialize_torch_tensor(message.tensor_part)
+                try:
+                    averaged_part = await self.tensor_part_reducer.accumulate_part(
+                        sender_index, part_index, tensor_part, weight=message.weight)
+                    part_index += 1
+                except BannedException:
+                    break  # sender was banned, we no longer need to aggregate it
+                yield averaging_pb2.AveragingData(
+                    code=averaging_pb2.AVERAGED_PART,
+                    tensor_part=serialize_torch_tensor(averaged_part, message.tensor_part.compression))
+        finally:
+            if part_index != self.tensor_part_reducer.num_parts:
+                await self._ban_sender(self.sender_peer_ids[sender_index])
+
+
 class StageGroup:
     """The replicas of one stage, averaging their gradients once per step."""
 
@@ -129,10 +168,10 @@ class StageGroup:
     async def detach(self) -> None:
         await self.router.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
-    def group_id(self, step: int) -> GroupID:
-        return hashlib.sha256(f"{self.round_tag}/step{step}".encode()).digest()
+    def group_id(self, step: int, attempt: int = 0) -> GroupID:
+        return hashlib.sha256(f"{self.round_tag}/step{step}/attempt{attempt}".encode()).digest()
 
-    async def average(self, tensors: Sequence[torch.Tensor], *, step: int) -> None:
+    async def average(self, tensors: Sequence[torch.Tensor], *, step: int, attempt: int = 0) -> None:
         """Replaces ``tensors`` in place by their average over the group (equal weights); a group of one skips.
 
         The round runs on CPU copies (hivemind serializes CPU tensors only), and the tensors are written only
@@ -145,8 +184,8 @@ class StageGroup:
             return
         copies = [tensor.detach().to("cpu", copy=True) for tensor in tensors]
         total_bytes = sum(copy.numel() * copy.element_size() for copy in copies)
-        runner = AllReduceRunner(
-            p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step),
+        runner = ExactAllReduceRunner(
+            p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s,
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
@@ -155,8 +194,8 @@ class StageGroup:
         round_ = await self.router.register(runner)
         try:
             async with asyncio.timeout(2 * self.reducer_timeout_s):
-                async for index, delta in aenumerate(runner):
-                    copies[index].add_(delta)  # the runner yields average - local
+                async for index, averaged in aenumerate(runner):
+                    copies[index].copy_(averaged)  # the reducers' averages, bit-identical on every member
         except Exception as e:  # a broken round, or TimeoutError: either way the average is incomplete
             raise PartialAllReduce(f"all-reduce of step {step} failed: {e!r}") from e
         finally:

@@ -7,6 +7,18 @@ tensor shape, and for the current step or the one after it (a neighbour that fin
 already be one step ahead; two steps ahead is impossible in lock-step, so anything further is refused). Good
 frames wait in an ``Inbox`` until the worker takes them; a bad one is logged, answered with its reason, and
 the servicer keeps serving.
+
+Frames are keyed by (kind, step, attempt, micro-batch): a step that failed anywhere is retried under attempt + 1
+(client/training/step_commit.py), and frames of an older attempt than the receiver's are refused. A frame that
+arrives twice (the sender retried a call whose answer it lost) is taken once and the repeat answered as a
+success when it is identical, so a retried send is idempotent.
+
+A send whose outcome is unknown is retried with the same frame. This is what happens on hivemind's
+``ValueError: asingle() expected ... an empty iterable`` (docs/hivemind.md, pitfall 13): the stream to the
+receiver closed with no answer, which hivemind's ``_add_protobuf_stream_handler`` also produces when its request
+reader hits end of stream and cancels a handler that has already taken the frame. The call may or may not have
+delivered, so the frame is sent again (a repeat is a no-op at the receiver); if the retries run out, the step's
+commit vote fails and the whole plan retries the step (never a one-sided skip).
 """
 import asyncio
 import contextlib
@@ -29,11 +41,14 @@ __all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
 
 logger = logging.getLogger(__name__)
 
-FrameKey = tuple[FrameKind, int, int]
-"""(kind, step, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
+FrameKey = tuple[FrameKind, int, int, int]
+"""(kind, step, attempt, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
 
 _STEPS_AHEAD = 1
 _PING_RETRY_S = 0.5
+_SEND_TRIES = 3
+"""Sends of one frame whose outcome is unknown (the answer was lost), before the send counts as failed."""
+_SEND_RETRY_PAUSE_S = 0.05
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,16 +71,23 @@ class Inbox:
 
     def __init__(self) -> None:
         self._frames: dict[FrameKey, asyncio.Future] = {}
+        self._taken: dict[FrameKey, torch.Tensor] = {}
+        """Frames the worker already took, kept until their step is dropped, so a repeat is recognised."""
 
     def _slot(self, key: FrameKey) -> asyncio.Future:
         return self._frames.setdefault(key, asyncio.get_running_loop().create_future())
 
     def put(self, key: FrameKey, tensor: torch.Tensor) -> str | None:
-        """Stores a frame; returns a reason to refuse it when one with the same key is already here."""
-        slot = self._slot(key)
-        if slot.done():
-            return f"duplicate {key[0]} frame for step {key[1]}, micro-batch {key[2]}"
-        slot.set_result(tensor)
+        """Stores a frame; a repeat of an identical frame is a no-op. Returns a reason to refuse a different frame
+        under a key that is already filled."""
+        slot = self._frames.get(key)
+        earlier = self._taken.get(key, slot.result() if slot is not None and slot.done() else None)
+        if earlier is not None:
+            if earlier.shape == tensor.shape and earlier.dtype == tensor.dtype and torch.equal(earlier, tensor):
+                logger.debug(f"Repeat of {key} taken as delivered")
+                return None
+            return f"duplicate {key[0]} frame for step {key[1]}, attempt {key[2]}, micro-batch {key[3]}"
+        self._slot(key).set_result(tensor)
         return None
 
     async def take(self, key: FrameKey, timeout_s: float) -> torch.Tensor:
@@ -73,12 +95,16 @@ class Inbox:
         async with asyncio.timeout(timeout_s):
             tensor = await asyncio.shield(self._slot(key))
         del self._frames[key]
+        self._taken[key] = tensor
         return tensor
 
-    def drop_before(self, step: int) -> None:
-        """Forgets frames of finished steps, so a stale neighbour cannot fill memory."""
-        for key in [key for key in self._frames if key[1] < step]:
+    def drop_before(self, step: int, attempt: int = 0) -> None:
+        """Forgets frames of steps and attempts before (step, attempt), so a stale neighbour cannot fill memory
+        and an aborted attempt's frames are never used."""
+        for key in [key for key in self._frames if (key[1], key[2]) < (step, attempt)]:
             self._frames.pop(key).cancel()
+        for key in [key for key in self._taken if (key[1], key[2]) < (step, attempt)]:
+            del self._taken[key]
 
 
 class ActivationServicer(ServicerBase):
@@ -88,6 +114,7 @@ class ActivationServicer(ServicerBase):
         self.plan, self.frame_timeout_s = plan, frame_timeout_s
         self.inbox = Inbox()
         self.current_step = 0
+        self.current_attempt = 0
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         """Answers once this stage's handlers are up, so peers start a step only when everyone can hear them."""
@@ -131,27 +158,42 @@ class ActivationServicer(ServicerBase):
             return f"frame not received within {self.frame_timeout_s} s"
         if not self.current_step <= header.step <= self.current_step + _STEPS_AHEAD:
             return f"frame is for step {header.step}, this stage is at step {self.current_step}"
-        return self.inbox.put((header.kind, header.step, header.micro_batch), tensor)
+        if (header.step, header.attempt) < (self.current_step, self.current_attempt):
+            return (f"frame is for attempt {header.attempt} of step {header.step}, this stage is at attempt "
+                    f"{self.current_attempt}")
+        return self.inbox.put((header.kind, header.step, header.attempt, header.micro_batch), tensor)
 
 
 async def send_frame(
-    p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor, *, namespace: str, timeout_s: float
+    p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor, *, namespace: str, timeout_s: float,
+    stub=None,
 ) -> None:
-    """Delivers one frame to ``peer``'s ActivationServicer.
+    """Delivers one frame to ``peer``'s ActivationServicer, sending it again while the outcome is unknown.
 
     Raises:
-        FrameRefused: the peer refused the frame (its reason is in the message) or did not answer in time.
+        FrameRefused: the peer refused the frame (its reason is in the message), could not be reached, did not
+            answer in time, or the outcome stayed unknown after a few tries.
     """
-    what = f"{header.kind} of step {header.step}, micro-batch {header.micro_batch}"
-    stub = ActivationServicer.get_stub(p2p, peer, namespace=namespace)
-    try:
-        response = await stub.rpc_push(as_aiter(*encode_frame(header, tensor)), timeout=timeout_s)
-    except TimeoutError:
-        raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None
-    except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
-        raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}") from e
-    if response.metadata:
-        raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
+    what = f"{header.kind} of step {header.step} (attempt {header.attempt}), micro-batch {header.micro_batch}"
+    stub = stub or ActivationServicer.get_stub(p2p, peer, namespace=namespace)
+    messages = encode_frame(header, tensor)
+    for tried in range(1, _SEND_TRIES + 1):
+        try:
+            response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
+        except TimeoutError:
+            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None
+        except ValueError as e:  # hivemind's asingle(): the stream closed with no answer; delivered or not
+            logger.debug(f"Outcome of sending {what} to {peer} unknown (try {tried}): {e}", exc_info=True)
+            if tried == _SEND_TRIES:
+                raise FrameRefused(f"outcome of sending {what} to {peer} still unknown after {tried} tries: "
+                                   f"{e!r}") from e
+            await asyncio.sleep(_SEND_RETRY_PAUSE_S)
+            continue
+        except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
+            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}") from e
+        if response.metadata:
+            raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
+        return
 
 
 class NeighbourStreams:
@@ -167,32 +209,40 @@ class NeighbourStreams:
     async def detach(self) -> None:
         await self.servicer.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
-    def advance_to(self, step: int) -> None:
-        """Moves the accepted window to [step, step + 1] and forgets frames of earlier steps."""
-        self.servicer.current_step = step
-        self.servicer.inbox.drop_before(step)
+    def advance_to(self, step: int, attempt: int = 0) -> None:
+        """Moves the accepted window to [(step, attempt), step + 1] and forgets frames of earlier steps and
+        attempts."""
+        self.servicer.current_step, self.servicer.current_attempt = step, attempt
+        self.servicer.inbox.drop_before(step, attempt)
 
-    async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int) -> None:
+    async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int,
+                   attempt: int = 0) -> None:
         """Activations to the next stage or gradients to the previous one, in the swarm's wire dtype."""
         peer = self.plan.next if kind == "activations" else self.plan.previous
         if peer is None:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
         tensor = tensor.detach().to(self.plan.dtype)
         header = FrameHeader.for_tensor(tensor, kind=kind, assignment_version=self.plan.assignment_version,
-                                        step=step, micro_batch=micro_batch, pipeline=self.plan.pipeline)
-        await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace, timeout_s=self.frame_timeout_s)
+                                        step=step, attempt=attempt, micro_batch=micro_batch,
+                                        pipeline=self.plan.pipeline)
+        await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace, timeout_s=self.frame_timeout_s,
+                         stub=self._stub(peer, header))
 
-    async def receive(self, kind: FrameKind, *, step: int, micro_batch: int) -> torch.Tensor:
+    def _stub(self, peer: PeerID, header: FrameHeader):
+        """The stub a frame goes through (tests put a faulty one here)."""
+        return ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
+
+    async def receive(self, kind: FrameKind, *, step: int, micro_batch: int, attempt: int = 0) -> torch.Tensor:
         """The frame a neighbour sent for this step and micro-batch (a CPU tensor in the wire dtype).
 
         Raises:
             NeighbourSilent: it did not arrive within the frame timeout.
         """
         try:
-            return await self.servicer.inbox.take((kind, step, micro_batch), self.frame_timeout_s)
+            return await self.servicer.inbox.take((kind, step, attempt, micro_batch), self.frame_timeout_s)
         except TimeoutError:
             sender = self.plan.previous if kind == "activations" else self.plan.next
-            raise NeighbourSilent(f"no {kind} of step {step}, micro-batch {micro_batch} from {sender} "
+            raise NeighbourSilent(f"no {kind} of step {step} (attempt {attempt}), micro-batch {micro_batch} from {sender} "
                                   f"within {self.frame_timeout_s} s") from None
 
     async def wait_for(self, peers: Iterable[PeerID], timeout_s: float) -> None:

@@ -1,7 +1,14 @@
 """One stage of one pipeline, trained in lock-step with the rest of the swarm.
 
 A step is GPipe over the assignment's M micro-batches: every forward, then every backward in reverse order,
-then the stage group's all-reduce of the gradients, then the optimizer step. The first stage draws its inputs
+then the stage group's all-reduce of the gradients, then the plan-wide commit vote, then the optimizer step.
+
+Steps are all-or-nothing (client/training/step_commit.py has the argument): an attempt of a step whose frames,
+neighbours or all-reduce failed on any peer of the plan is aborted by every peer (gradients dropped, no optimizer
+step) and retried as attempt + 1 with the same data, up to ``StageConfig.max_attempts`` attempts per
+``run_step`` call. Frames and group ids carry (step, attempt). A failure vote from any peer cancels the attempt
+at once everywhere. After every ``check_every`` steps and after a step that needed a retry, the replicas of each
+stage compare state hashes and a differing replica is resynchronised (client/training/replica_sync.py). The first stage draws its inputs
 from the TokenSource, the last stage draws the same micro-batches for their targets (the data is a pure function
 of step, pipeline and micro-batch, so the two ends agree without talking); the stages between only relay.
 Gradients follow the loss convention of hetswarm.client.training.reference: the last stage backpropagates CE / M, the
@@ -12,25 +19,31 @@ computes. On CUDA the forward pass runs under bf16 autocast with fp32 weights; e
 peer is moved to the CPU first.
 """
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hivemind.p2p import P2P, PeerID
 
 from hetswarm.client.training.data import TokenSource, sequences_per_micro_batch
+from hetswarm.client.training.errors import StageError, StepAborted
 from hetswarm.client.training.group_allreduce import StageGroup
 from hetswarm.client.training.model import StageModule, build_stage
+from hetswarm.client.training.neighbour_streams import NeighbourStreams, StreamPlan
 from hetswarm.client.training.reference import micro_batch_loss
-from hetswarm.client.training.errors import StageError
-from hetswarm.client.training.neighbour_streams import StreamPlan, NeighbourStreams
-from hetswarm.protocol.keys import allreduce_namespace, stage_namespace
+from hetswarm.client.training.replica_sync import ReplicaSync
+from hetswarm.client.training.step_commit import CommitBoard
+from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment, PeerId
-from hetswarm.protocol.errors import ConfigError
 
 __all__ = ["StageConfig", "StageWorker", "StepReport", "start_stage"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +61,12 @@ class StageConfig:
     reducer_timeout_s: float = 60.0
     start_timeout_s: float = 60.0
     """How long start_stage waits for the neighbours and the group to come up."""
+    commit_timeout_s: float = 60.0
+    """How long a peer may wait to learn every member's commit vote before the step's outcome counts as unknown."""
+    max_attempts: int = 3
+    """Attempts of one step per ``run_step`` call before it raises StepAborted."""
+    check_every: int = 50
+    """Replicas compare (and repair) their state after every this many steps, and after any retried step."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.weight_decay < 0:
@@ -57,8 +76,12 @@ class StageConfig:
         if not 0 < self.sender_timeout_s < self.reducer_timeout_s:
             raise ConfigError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {self.sender_timeout_s} "
                              f"and {self.reducer_timeout_s}")
-        if self.frame_timeout_s <= 0 or self.start_timeout_s <= 0:
-            raise ConfigError(f"timeouts must be positive, got {self.frame_timeout_s} and {self.start_timeout_s}")
+        if self.frame_timeout_s <= 0 or self.start_timeout_s <= 0 or self.commit_timeout_s <= 0:
+            raise ConfigError(f"timeouts must be positive, got {self.frame_timeout_s}, {self.start_timeout_s} and "
+                              f"{self.commit_timeout_s}")
+        if self.max_attempts < 1 or self.check_every < 1:
+            raise ConfigError(f"need max_attempts >= 1 and check_every >= 1, got {self.max_attempts} and "
+                              f"{self.check_every}")
 
     def build_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.AdamW:
         """AdamW with GPT-2-style betas (nanoGPT, train.py); the single-process reference builds the same."""
@@ -78,6 +101,12 @@ class StepReport:
     wall_s: float
     tokens: int
     """Tokens this pipeline trained on in the step."""
+    attempt: int = 0
+    """The attempt that was committed (0 when the first try succeeded)."""
+    retries: int = 0
+    """Aborted attempts of this worker so far, all steps together."""
+    resyncs: int = 0
+    """Times this replica's state was replaced by its stage group's, so far."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,52 +117,110 @@ class StageWorker:
     """Holds a stage's module and optimizer and runs its steps; ``start_stage`` builds one."""
 
     def __init__(
-        self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, data: TokenSource,
-        model_config: ModelConfig, pipeline: int, n_pipelines: int, device: torch.device, config: StageConfig,
+        self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, board: CommitBoard,
+        replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
+        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
+        self.board, self.replicas = board, replicas
         self.model_config, self.pipeline, self.n_pipelines = model_config, pipeline, n_pipelines
         self.device, self.config = device, config
         self.micro_batches = model_config.micro_batches
         self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
-        self.optimizer = config.build_optimizer(module.parameters())
+        self.optimizer = optimizer
         self.next_step: int | None = None
+        self.retries = self.resyncs = 0
+        self._attempt: tuple[int, int] | None = None  # (step, next attempt) of the step not yet committed
         self._compute_s = self._wait_s = 0.0  # of the step being run
 
     async def close(self) -> None:
         """Stops serving this stage's handlers (a new assignment builds a new worker)."""
         await self.streams.detach()
         await self.group.detach()
+        await self.board.detach()
+        await self.replicas.detach()
 
     async def run_step(self, step: int) -> StepReport:
-        """Trains one step; steps must come in increasing order.
+        """Trains one step, retrying it under new attempt numbers until the whole plan commits it; steps must come
+        in increasing order. Calling again with a step that raised StepAborted goes on with its next attempt.
 
         Raises:
-            StageError: a neighbour refused or withheld a frame, or the all-reduce was partial; the optimizer
-                was not stepped, so the parameters are still those of the step before.
+            StepAborted: ``max_attempts`` attempts were aborted by the plan; no peer applied the step.
+            CommitUnknown: this peer could not learn the plan's decision; it did not apply the step.
         """
         if self.next_step is not None and step < self.next_step:
             raise ConfigError(f"steps only go forward: step {step} was asked for after step {self.next_step - 1}")
-        self.next_step = step + 1
-        self.streams.advance_to(step)
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._attempt is None or self._attempt[0] != step:
+            self._attempt = (step, 0)
         started, self._compute_s, self._wait_s = time.perf_counter(), 0.0, 0.0
+        self.board.prune(step)
+        for _ in range(self.config.max_attempts):
+            attempt = self._attempt[1]
+            loss = await self._try(step, attempt)
+            self._attempt = (step, attempt + 1)
+            if loss is not False:
+                break
+            self.retries += 1
+        else:
+            raise StepAborted(f"step {step}: {self.config.max_attempts} attempts in a row were aborted; "
+                              f"the last was attempt {self._attempt[1] - 1}")
+        self.next_step = step + 1
+        if attempt > 0 or (step + 1) % self.config.check_every == 0:
+            if await self._waiting(self.replicas.check(step)):
+                self.resyncs += 1
+        return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
+                          wall_s=time.perf_counter() - started,
+                          tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
+                          attempt=attempt, retries=self.retries, resyncs=self.resyncs)
+
+    async def _try(self, step: int, attempt: int) -> float | None | Literal[False]:
+        """One attempt: compute, vote, and apply when the plan commits. Returns the loss (None off the last
+        stage) when committed, False when the plan aborted the attempt."""
+        self.streams.advance_to(step, attempt)
+        self.optimizer.zero_grad(set_to_none=True)
+        key = (step, attempt)
+        body = asyncio.create_task(self._compute_attempt(step, attempt))
+        failed_elsewhere = asyncio.create_task(self.board.wait_failed(key))
         try:
-            async with asyncio.TaskGroup() as sends:
-                outputs, inputs = await self._forward_all(step, sends)
-                loss = await self._backward_all(step, outputs, inputs, sends)
-        except* StageError as failures:
-            raise failures.exceptions[0] from None
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
-        await self._waiting(self.group.average(grads, step=step))
+            await asyncio.wait({body, failed_elsewhere}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed_elsewhere.cancel()
+            if not body.done():
+                body.cancel()
+            await asyncio.gather(body, failed_elsewhere, return_exceptions=True)
+        error = None if body.cancelled() else body.exception()
+        if error is not None and not isinstance(error, StageError):
+            await self.board.decide(key, False, timeout_s=self.config.commit_timeout_s)
+            raise error
+        succeeded = not body.cancelled() and error is None
+        if not succeeded:
+            logger.warning(f"Step {step}, attempt {attempt} failed here: "
+                           f"{error if error is not None else 'another peer of the plan failed it'}")
+        committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
+        if not committed:
+            if succeeded:
+                logger.warning(f"Step {step}, attempt {attempt} aborted: another peer of the plan failed it")
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        loss, grads = body.result()
         for param, grad in zip(self.module.parameters(), grads):
             param.grad = grad
         await self._computing(self.optimizer.step)
-        return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
-                          wall_s=time.perf_counter() - started,
-                          tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len)
+        return loss
 
-    async def _forward_all(self, step: int, sends: asyncio.TaskGroup) -> tuple[list, list]:
+    async def _compute_attempt(self, step: int, attempt: int) -> tuple[float | None, list[torch.Tensor]]:
+        """Forward, backward and the group all-reduce of one attempt; returns the loss and the averaged grads."""
+        try:
+            async with asyncio.TaskGroup() as sends:
+                outputs, inputs = await self._forward_all(step, attempt, sends)
+                loss = await self._backward_all(step, attempt, outputs, inputs, sends)
+        except* StageError as failures:
+            raise failures.exceptions[0] from None
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
+        await self._waiting(self.group.average(grads, step=step, attempt=attempt))
+        return loss, grads
+
+    async def _forward_all(self, step: int, attempt: int, sends: asyncio.TaskGroup) -> tuple[list, list]:
         """Forward every micro-batch; returns what the backward pass needs: outputs (or losses) and inputs."""
         outputs, inputs = [], []
         for m in range(self.micro_batches):
@@ -143,11 +230,12 @@ class StageWorker:
             if self.module.is_first:
                 x = tokens.to(self.device)
             else:
-                received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m))
+                received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
+                                                                          attempt=attempt))
                 x = received.to(self.device, torch.float32).requires_grad_()  # (B, T, C)
             out = await self._computing(self._forward, x, targets)
             if not self.module.is_last:
-                sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m))
+                sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
             outputs.append(out)
             inputs.append(x)
         return outputs, inputs
@@ -159,16 +247,19 @@ class StageWorker:
             return micro_batch_loss(out, targets.to(self.device), micro_batches=self.micro_batches)
         return out
 
-    async def _backward_all(self, step: int, outputs: list, inputs: list, sends: asyncio.TaskGroup) -> float | None:
+    async def _backward_all(self, step: int, attempt: int, outputs: list, inputs: list, sends: asyncio.TaskGroup
+                            ) -> float | None:
         """Backward every micro-batch in reverse; returns the pipeline's loss on the last stage, else None."""
         for m in reversed(range(self.micro_batches)):
             if self.module.is_last:
                 await self._computing(outputs[m].backward)
             else:
-                grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m))
+                grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m,
+                                                                      attempt=attempt))
                 await self._computing(outputs[m].backward, grad.to(self.device, outputs[m].dtype))
             if not self.module.is_first:
-                sends.create_task(self.streams.send("gradients", inputs[m].grad, step=step, micro_batch=m))
+                sends.create_task(self.streams.send("gradients", inputs[m].grad, step=step, micro_batch=m,
+                                                    attempt=attempt))
         return sum(loss.item() for loss in outputs) if self.module.is_last else None
 
     async def _computing(self, fn: Callable, *args):
@@ -180,8 +271,12 @@ class StageWorker:
             return result
 
         started = time.perf_counter()
+        running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
-            return await asyncio.to_thread(timed)
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:  # an aborted attempt: the thread must not touch .grad after we reset it
+            await asyncio.wait({running})
+            raise
         finally:
             self._compute_s += time.perf_counter() - started
 
@@ -225,9 +320,18 @@ async def start_stage(
                        round_tag=f"{swarm}/v{assignment.version}/stage{role.stage}",
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s)
 
+    everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
+    board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version))
+    optimizer = config.build_optimizer(module.parameters())
+    replicas = ReplicaSync(p2p, members, module, optimizer, namespace=replica_namespace(swarm, role.stage),
+                           timeout_s=config.commit_timeout_s)
+
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
-    await group.attach()  # before the streams: a peer that answers a ping then serves both
+    await board.attach()  # before the streams: a peer that answers a ping serves every handler
+    await replicas.attach()
+    await group.attach()
     await streams.attach()
     await streams.wait_for([peer for peer in (previous, following, *members) if peer], config.start_timeout_s)
-    return StageWorker(module, streams=streams, group=group, data=data, model_config=model_config,
-                       pipeline=role.replica, n_pipelines=assignment.d_dp, device=device, config=config)
+    return StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
+                       model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
+                       config=config, optimizer=optimizer)

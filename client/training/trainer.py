@@ -8,11 +8,12 @@ the plan) closes its worker and waits. After every step the client publishes a s
 predicted step time.
 
 Peers switch plans at slightly different moments (each polls the assignment key), so a new worker first waits
-until its neighbours and stage group publish the same version in their peer records. A failed step (a neighbour
-refused or withheld a frame, the all-reduce was partial) leaves the parameters as they were, and the loop goes on
-at the next step number: a failure can be one-sided (one member of a group got a partial all-reduce, the other a
-complete one), and retrying the same step would then leave this peer behind a swarm that has moved on. After
-``max_failures`` failed steps in a row the client waits for the coordinator's next plan.
+until its neighbours and stage group publish the same version in their peer records. Steps are all-or-nothing
+across the plan (client/training/step_commit.py): ``StageWorker.run_step`` retries a failed step under new attempt
+numbers itself, and raises StepAborted when the whole plan aborted every attempt it allowed; the loop then runs
+the same step again (never the next one: no peer applied it), up to ``max_failures`` times in a row, and
+otherwise waits for the coordinator's next plan. CommitUnknown (this peer could not learn whether the plan applied
+the step) also ends the loop at once: neither retrying nor skipping would be safe. A step is published once.
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ from pathlib import Path
 import torch
 from hivemind.utils import get_dht_time
 
-from hetswarm.client.training.data import TokenSource
 from hetswarm.client.peer.node import SwarmNode
-from hetswarm.client.training.errors import StageError
+from hetswarm.client.training.data import TokenSource
+from hetswarm.client.training.errors import CommitUnknown, StageError
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
-from hetswarm.protocol.records import Assignment, PeerRole, Progress
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.records import Assignment, PeerRole, Progress
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
 
@@ -46,7 +47,8 @@ class TrainerConfig:
     """Train up to (not including) this absolute step number, then keep serving idle; None trains forever.
     Absolute, so that every peer of a pipeline stops after the same step and none waits for a missing frame."""
     max_failures: int = 6
-    """Failed steps in a row after which the client stops and waits for a new assignment."""
+    """Aborted runs of the same step in a row (each of StageConfig.max_attempts attempts) after which the client
+    stops and waits for a new assignment."""
     ttl_s: float = 60.0
     """Expiry of the Progress record, as the peer record's."""
     peer_wait_s: float = 30.0
@@ -101,6 +103,8 @@ class Trainer:
         self._trained: tuple[int, StageWorker] | None = None
         """The last worker that trained (open or closed) and its stage: what a new worker of that stage resumes."""
         self._loop_task: asyncio.Task | None = None
+        self._published: tuple[int, int] = (-1, -1)
+        """(assignment version, step) of the last Progress record submitted."""
         self._switching = asyncio.Lock()
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
 
@@ -190,24 +194,30 @@ class Trainer:
         while max_steps is None or step < max_steps:
             try:
                 report = await worker.run_step(step)
+            except CommitUnknown as e:
+                logger.warning(f"Step {step}: {e}; waiting for a new assignment")
+                return
             except StageError as e:
                 failures += 1
-                logger.warning(f"Step {step} failed ({failures}/{self.config.max_failures}): {e}")
+                logger.warning(f"Step {step} failed ({failures}/{self.config.max_failures}), retrying it: {e}")
                 if failures >= self.config.max_failures:
-                    logger.warning(f"{failures} steps failed in a row; waiting for a new assignment")
+                    logger.warning(f"Step {step} failed {failures} times in a row; stalled, waiting for a new "
+                                   f"assignment")
                     return
                 await asyncio.sleep(_RETRY_PAUSE_S)
-                step += 1
-                continue
+                continue  # the same step: no peer of the plan applied it
             failures = 0
             self.last_report = report
-            self._progress.submit(Progress(
-                peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
-                loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
-                wait_s=report.wait_s, updated_at=get_dht_time()))
+            if (assignment.version, report.step) > self._published:  # never publish a step twice
+                self._published = (assignment.version, report.step)
+                self._progress.submit(Progress(
+                    peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
+                    loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
+                    wait_s=report.wait_s, updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.4f}, "
+            retried = f", after {report.attempt} retries" if report.attempt else ""
             logger.info(f"step {report.step}: {loss}{report.tokens_per_s:.0f} tokens/s, wall {report.wall_s:.3f} s "
-                        f"(compute {report.compute_s:.3f} s, wait {report.wait_s:.3f} s)")
+                        f"(compute {report.compute_s:.3f} s, wait {report.wait_s:.3f} s{retried})")
             step += 1
         logger.info(f"Reached step {max_steps}: training done; serving until stopped")
         self.finished.set()

@@ -4,8 +4,13 @@ Used by the tests (and the demo) as separate processes on one machine: ``run_tra
 target of a ``multiprocessing`` 'spawn' process. The DHT starts first, before any thread or heavy torch work,
 because hivemind forks it (docs/hivemind.md, pitfall 3); its p2p daemon is then shared with this process's
 event loop through ``replicate_p2p``.
+
+Faults (tests/test_step_faults.py) are injected by subclassing the real classes: ``FaultyNeighbourStreams`` and
+``FaultyStageGroup`` replace the class of the worker's streams and group in the process that is told to misbehave,
+at one chosen step and micro-batch, on the first attempt only.
 """
 import asyncio
+import enum
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,14 +19,80 @@ import hivemind
 import torch
 
 from hetswarm.client.training.data import TokenSource
+from hetswarm.client.training.errors import FrameRefused, PartialAllReduce
+from hetswarm.client.training.group_allreduce import StageGroup
+from hetswarm.client.training.neighbour_streams import NeighbourStreams
 from hetswarm.client.training.stage_worker import StageConfig, StepReport, start_stage
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment
 from tests.helpers.dht_nodes import start_node
 
-__all__ = ["TrainJob", "run_training_process"]
+__all__ = ["Fault", "TrainJob", "run_training_process"]
 
 logger = logging.getLogger(__name__)
+
+
+class Fault(enum.Enum):
+    NONE = enum.auto()
+    ANSWER_LOST = enum.auto()
+    """The frame is delivered, but the call ends as hivemind's asingle() ValueError (pitfall 13), once."""
+    SEND_FAILS_AFTER_DELIVERY = enum.auto()
+    """The frame is delivered, then the send raises FrameRefused as if it had failed."""
+    FRAME_DROPPED = enum.auto()
+    """The frame is never sent, but the send reports success: the receiver's neighbour is silent."""
+    ONE_SIDED_PARTIAL_ALLREDUCE = enum.auto()
+    """The all-reduce completes, but this member alone reports it partial."""
+    REPLICA_DIVERGES = enum.auto()
+    """Right after its optimizer step, this replica's parameters are perturbed (a silent corruption); choose a
+    step after which replicas are checked."""
+
+
+class _LostAnswerStub:
+    """Delivers through the real stub, then fails the way hivemind does when the answer stream closes empty."""
+
+    def __init__(self, stub) -> None:
+        self.stub, self.lost = stub, False
+
+    async def rpc_push(self, *args, **kwargs):
+        response = await self.stub.rpc_push(*args, **kwargs)
+        if self.lost:  # once: the retried send gets its answer
+            return response
+        self.lost = True
+        raise ValueError("asingle() expected an iterable with exactly one item, but got an empty iterable")
+
+
+class FaultyNeighbourStreams(NeighbourStreams):
+    fault: Fault
+    fault_at: tuple[int, int]  # (step, micro_batch) of the first attempt
+
+    def _hit(self, step: int, attempt: int, micro_batch: int) -> bool:
+        return attempt == 0 and (step, micro_batch) == self.fault_at
+
+    def _stub(self, peer, header):
+        stub = super()._stub(peer, header)
+        if self.fault is Fault.ANSWER_LOST and self._hit(header.step, header.attempt, header.micro_batch):
+            self.fault = Fault.NONE
+            return _LostAnswerStub(stub)
+        return stub
+
+    async def send(self, kind, tensor, *, step: int, micro_batch: int, attempt: int = 0) -> None:
+        if not self._hit(step, attempt, micro_batch):
+            return await super().send(kind, tensor, step=step, micro_batch=micro_batch, attempt=attempt)
+        if self.fault is Fault.FRAME_DROPPED:
+            logger.info(f"fault: dropping {kind} of step {step}, micro-batch {micro_batch}")
+            return
+        await super().send(kind, tensor, step=step, micro_batch=micro_batch, attempt=attempt)
+        if self.fault is Fault.SEND_FAILS_AFTER_DELIVERY:
+            raise FrameRefused(f"fault: {kind} of step {step} delivered, reported failed")
+
+
+class FaultyStageGroup(StageGroup):
+    fault_step: int
+
+    async def average(self, tensors, *, step: int, attempt: int = 0) -> None:
+        await super().average(tensors, step=step, attempt=attempt)
+        if (step, attempt) == (self.fault_step, 0):
+            raise PartialAllReduce(f"fault: all-reduce of step {step} reported partial on this member only")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +116,12 @@ class TrainJob:
     device: str = "cpu"
     torch_threads: int | None = None
     """Caps torch's intra-op threads, for several peers sharing one machine's cores."""
+    fault: Fault = Fault.NONE
+    """What this process does wrong, once, at ``fault_at``."""
+    fault_at: tuple[int, int] = (0, 0)
+    """(step, micro_batch) of the fault."""
+    save_final_state: bool = False
+    """Also save the parameters after the last step, by global parameter name."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -68,6 +145,7 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
     data = TokenSource.from_path(job.data_path, seed=job.data_seed)
     worker = await start_stage(job.assignment, me, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
                                seed=job.seed, config=job.config)
+    _inject(worker, job)
     reports: list[StepReport] = []
     results: dict = {"peer_id": me, "stage": job.assignment.roles[me].stage,
                      "replica": job.assignment.roles[me].replica}
@@ -78,8 +156,32 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
             if job.save_first_grads and len(reports) == 1:
                 results["first_grads"] = {name: param.grad.detach().cpu().clone()
                                           for name, param in worker.module.named_parameters()}
+        if job.save_final_state:
+            results["final_state"] = {name: param.detach().cpu().clone()
+                                      for name, param in worker.module.named_parameters()}
     finally:
         await worker.close()
         await p2p.shutdown()  # this process's client of the DHT's daemon; the daemon goes with dht.shutdown()
     results["reports"] = [asdict(report) for report in reports]
     return results
+
+
+def _inject(worker, job: TrainJob) -> None:
+    """Makes this process's worker misbehave as ``job.fault`` says (a no-op for Fault.NONE)."""
+    if job.fault in (Fault.ANSWER_LOST, Fault.SEND_FAILS_AFTER_DELIVERY, Fault.FRAME_DROPPED):
+        worker.streams.__class__ = FaultyNeighbourStreams
+        worker.streams.fault, worker.streams.fault_at = job.fault, job.fault_at
+    elif job.fault is Fault.ONE_SIDED_PARTIAL_ALLREDUCE:
+        worker.group.__class__ = FaultyStageGroup
+        worker.group.fault_step = job.fault_at[0]
+    elif job.fault is Fault.REPLICA_DIVERGES:  # corrupt right after the optimizer step, before the replica check
+        optimizer_step = worker.optimizer.step
+
+        def step_then_corrupt(*args, **kwargs):
+            result = optimizer_step(*args, **kwargs)
+            if worker._attempt[0] == job.fault_at[0]:
+                with torch.no_grad():
+                    next(worker.module.parameters()).add_(1e-3)
+            return result
+
+        worker.optimizer.step = step_then_corrupt

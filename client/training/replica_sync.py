@@ -1,0 +1,146 @@
+"""Replica consistency: the replicas of a stage hold the same parameters and optimizer state, or are made to.
+
+After a committed step that calls for it (every ``StageConfig.check_every`` steps, and after any step that needed
+a retry: the same steps on every peer, since commit decisions are the same everywhere), each replica hashes its
+parameters and optimizer state (SHA-256 over the tensors' bytes), keeps a snapshot of that state, and asks every
+other replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by
+the most replicas, ties broken by the lowest peer id holding it; all replicas choose the same one. A replica whose
+hash differs loads the chosen state from the lowest-id replica holding it (``rpc_state``, streamed in 1 MiB
+parts), logs a warning and counts a resync.
+
+Replicas cannot drift while checking: a replica that has checked step N may start step N + 1, but cannot apply
+it before every member has voted, so its state (and its snapshot) is still that of step N when asked.
+"""
+import asyncio
+import hashlib
+import io
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import AsyncIterator
+
+import torch
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import runtime_pb2
+
+__all__ = ["ReplicaSync", "state_digest"]
+
+logger = logging.getLogger(__name__)
+
+_PART_BYTES = 1 << 20
+
+
+def state_digest(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bytes:
+    """SHA-256 over every parameter and every optimizer state value, in a fixed order."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for index, state in sorted(optimizer.state_dict()["state"].items()):
+        for name, value in sorted(state.items()):
+            digest.update(f"{index}/{name}".encode())
+            if isinstance(value, torch.Tensor):
+                digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+            else:
+                digest.update(repr(value).encode())
+    return digest.digest()
+
+
+class ReplicaSync(ServicerBase):
+    """Compares this replica's state with the other replicas of its stage, and repairs it when it differs."""
+
+    def __init__(self, p2p: P2P, members: Sequence[PeerID], module: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, *, namespace: str, timeout_s: float) -> None:
+        self.p2p, self.namespace, self.timeout_s = p2p, namespace, timeout_s
+        self.members = sorted(members, key=lambda peer: peer.to_bytes())
+        self.module, self.optimizer = module, optimizer
+        self._checked: dict[int, tuple[bytes, bytes]] = {}  # step -> (digest, snapshot)
+        self._changed = asyncio.Event()
+
+    async def attach(self) -> None:
+        await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def detach(self) -> None:
+        await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def check(self, step: int) -> bool:
+        """Compares states after ``step`` with the other replicas; returns True when this one was resynchronised."""
+        if len(self.members) == 1:
+            return False
+        self._checked = {step: await asyncio.to_thread(self._snapshot)}
+        self._changed.set()
+        mine = self._checked[step][0]
+        others = [peer for peer in self.members if peer != self.p2p.peer_id]
+        answers = await asyncio.gather(*(self._digest_of(peer, step) for peer in others))
+        if any(answer is None for answer in answers):
+            logger.warning(f"Replica check of step {step} skipped: not every replica told its state hash")
+            return False
+        holders = dict(zip(others, answers)) | {self.p2p.peer_id: mine}
+        counts = Counter(holders.values())
+        chosen = min(counts, key=lambda d: (-counts[d], min(p.to_bytes() for p, h in holders.items() if h == d)))
+        if chosen == mine:
+            return False
+        source = next(peer for peer in self.members if holders[peer] == chosen)
+        logger.warning(f"Replica state after step {step} differs from {counts[chosen]} of {len(self.members)} "
+                       f"replicas; resynchronising from {source}")
+        await self._load_from(source, step)
+        return True
+
+    def _snapshot(self) -> tuple[bytes, bytes]:
+        buffer = io.BytesIO()
+        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, buffer)
+        return state_digest(self.module, self.optimizer), buffer.getvalue()
+
+    async def _digest_of(self, peer: PeerID, step: int) -> bytes | None:
+        stub = ReplicaSync.get_stub(self.p2p, peer, namespace=self.namespace)
+        try:
+            response = await stub.rpc_digest(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode()),
+                                             timeout=self.timeout_s)
+        except Exception as e:
+            logger.debug(f"No state hash from {peer}: {e!r}", exc_info=True)
+            return None
+        return response.metadata or None
+
+    async def _load_from(self, peer: PeerID, step: int) -> None:
+        stub = ReplicaSync.get_stub(self.p2p, peer, namespace=self.namespace)
+        parts = []
+        async with asyncio.timeout(self.timeout_s):
+            async for part in await stub.rpc_state(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode())):
+                parts.append(part.metadata)
+        if not parts:
+            raise RuntimeError(f"{peer} sent no state for step {step}")
+        state = torch.load(io.BytesIO(b"".join(parts)), weights_only=True)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    async def _checked_state(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                             ) -> tuple[bytes, bytes] | None:
+        if context.remote_id not in self.members:
+            return None
+        try:
+            step = json.loads(request.metadata)
+        except ValueError:
+            return None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while step not in self._checked:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            return None
+        return self._checked[step]
+
+    async def rpc_digest(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                         ) -> runtime_pb2.ExpertResponse:
+        checked = await self._checked_state(request, context)
+        return runtime_pb2.ExpertResponse(metadata=checked[0] if checked else b"")
+
+    async def rpc_state(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                        ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        checked = await self._checked_state(request, context)
+        if checked is None:
+            return
+        snapshot = checked[1]
+        for offset in range(0, len(snapshot), _PART_BYTES):
+            yield runtime_pb2.ExpertResponse(metadata=snapshot[offset:offset + _PART_BYTES])

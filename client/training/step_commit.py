@@ -1,0 +1,164 @@
+"""All-or-nothing steps: every peer of the plan applies a step, or none does.
+
+A step is tried as attempt 0, 1, ... with the same data. Frames and all-reduce group ids carry (step, attempt),
+so nothing of an aborted attempt leaks into the next. After its forward, backward and stage all-reduce, every
+peer casts an immutable vote for (step, attempt): success, or failure (a refused, lost or unanswered frame, a
+silent neighbour, a partial all-reduce). The decision is a pure function of the votes:
+
+  * some vote is a failure      -> abort: gradients zeroed, no optimizer step, retry as attempt + 1;
+  * every member voted success  -> commit: apply the averaged gradients, go to the next step;
+  * otherwise                   -> undecided: keep asking.
+
+A vote never changes once cast, so two peers can never decide differently: one that commits has seen every
+member's success, and a failure vote cannot exist for that attempt. Votes travel by ``rpc_exchange``: the caller
+sends every vote it knows for (step, attempt) and gets back every vote the callee knows (votes of others are
+relayed, so a peer can learn the vote of a member that died after voting). A peer pushes its vote to every member
+at once (a failure therefore reaches the others while they still wait for frames or parts, and they abort
+without waiting out their timeouts), then pulls from the members whose votes it lacks until it can decide. A
+peer that cannot decide by the deadline (a member died before anyone heard its vote) raises ``CommitUnknown``:
+it neither commits nor retries, and waits for a new plan.
+
+The board keeps the votes of the last few steps, so a peer that has moved on still answers a slower one.
+Relayed votes are trusted as the plan's members are; a member's own vote is taken only from itself or a relay.
+"""
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import runtime_pb2
+
+from hetswarm.client.training.errors import CommitUnknown
+
+__all__ = ["CommitBoard", "StepKey"]
+
+logger = logging.getLogger(__name__)
+
+StepKey = tuple[int, int]
+"""(step, attempt)."""
+
+_KEEP_STEPS = 3
+_POLL_MIN_S, _POLL_MAX_S = 0.02, 0.5
+_CALL_TIMEOUT_S = 5.0
+_MAX_REQUEST_BYTES = 64 * 1024
+
+
+class CommitBoard(ServicerBase):
+    """This peer's view of the votes of the plan's members; namespaced per swarm and assignment."""
+
+    def __init__(self, p2p: P2P, members: Sequence[PeerID], *, namespace: str) -> None:
+        if p2p.peer_id not in members:
+            raise ValueError(f"{p2p.peer_id} is not among the plan's members {list(map(str, members))}")
+        self.p2p, self.namespace = p2p, namespace
+        self.members = frozenset(members)
+        self._by_name = {peer.to_base58(): peer for peer in members}
+        self._votes: dict[StepKey, dict[PeerID, bool]] = {}
+        self._changed = asyncio.Event()
+
+    async def attach(self) -> None:
+        await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def detach(self) -> None:
+        await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    def record(self, key: StepKey, votes: Mapping[PeerID, bool]) -> None:
+        """Merges votes; a member's first vote for a key stands (a contradicting one is logged and ignored)."""
+        known = self._votes.setdefault(key, {})
+        for peer, vote in votes.items():
+            if peer not in self.members:
+                continue
+            if known.setdefault(peer, vote) != vote:
+                logger.warning(f"{peer} is reported with both votes for step {key[0]}, attempt {key[1]}; "
+                               f"keeping {known[peer]}")
+        self._changed.set()
+
+    def outcome(self, key: StepKey) -> bool | None:
+        """False once any member voted failure, True once every member voted success, else None."""
+        known = self._votes.get(key, {})
+        if not all(known.values()):
+            return False
+        return True if len(known) == len(self.members) else None
+
+    async def wait_failed(self, key: StepKey) -> None:
+        """Returns once some member's failure vote for ``key`` is known here."""
+        while self.outcome(key) is not False:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def prune(self, step: int) -> None:
+        """Forgets votes of steps before ``step - _KEEP_STEPS``."""
+        for key in [key for key in self._votes if key[0] < step - _KEEP_STEPS]:
+            del self._votes[key]
+
+    async def decide(self, key: StepKey, vote: bool, *, timeout_s: float) -> bool:
+        """Casts this peer's vote and returns the plan's decision: True to commit, False to abort.
+
+        Raises:
+            CommitUnknown: some member's vote could not be learnt within ``timeout_s``, and no failure is known.
+        """
+        self.record(key, {self.p2p.peer_id: vote})
+        others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
+        await asyncio.gather(*(self._exchange(peer, key) for peer in others))  # push our vote to everyone
+        deadline, pause = time.monotonic() + timeout_s, _POLL_MIN_S
+        while (outcome := self.outcome(key)) is None:
+            if time.monotonic() > deadline:
+                missing = sorted(map(str, self.members - set(self._votes.get(key, {}))))
+                raise CommitUnknown(f"step {key[0]}, attempt {key[1]}: no vote from {', '.join(missing)} within "
+                                    f"{timeout_s} s; whether the plan applied the step is unknown")
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(pause):
+                    await self._changed.wait()  # a vote pushed to us
+                continue
+            except TimeoutError:
+                pass
+            missing = [peer for peer in others if peer not in self._votes.get(key, {})]
+            await asyncio.gather(*(self._exchange(peer, key) for peer in missing))
+            pause = min(2 * pause, _POLL_MAX_S)
+        return outcome
+
+    async def _exchange(self, peer: PeerID, key: StepKey) -> None:
+        stub = CommitBoard.get_stub(self.p2p, peer, namespace=self.namespace)
+        try:
+            response = await stub.rpc_exchange(runtime_pb2.ExpertRequest(metadata=self._encode(key)),
+                                               timeout=_CALL_TIMEOUT_S)
+            self._merge(response.metadata, key)
+        except Exception as e:  # unreachable for now: the decision loop asks again
+            logger.debug(f"Vote exchange with {peer} for {key} failed: {e!r}", exc_info=True)
+
+    async def rpc_exchange(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                           ) -> runtime_pb2.ExpertResponse:
+        """Takes the caller's votes for one (step, attempt) and answers with ours."""
+        if context.remote_id not in self.members:
+            logger.warning(f"Refused votes from {context.remote_id}: not a member of this plan")
+            return runtime_pb2.ExpertResponse()
+        try:
+            key = self._merge(request.metadata, None)
+        except ValueError as e:
+            logger.warning(f"Refused votes from {context.remote_id}: {e}")
+            return runtime_pb2.ExpertResponse()
+        return runtime_pb2.ExpertResponse(metadata=self._encode(key))
+
+    def _encode(self, key: StepKey) -> bytes:
+        votes = {peer.to_base58(): vote for peer, vote in self._votes.get(key, {}).items()}
+        return json.dumps({"step": key[0], "attempt": key[1], "votes": votes}).encode()
+
+    def _merge(self, metadata: bytes, expected: StepKey | None) -> StepKey:
+        """Records the votes in a peer's message; returns its key. Raises ValueError on a malformed message."""
+        if len(metadata) > _MAX_REQUEST_BYTES:
+            raise ValueError(f"vote message of {len(metadata)} bytes")
+        try:
+            message = json.loads(metadata)
+            key = (message["step"], message["attempt"])
+            votes = message["votes"]
+            if not (all(type(x) is int and x >= 0 for x in key) and isinstance(votes, dict)
+                    and all(type(v) is bool for v in votes.values())):
+                raise TypeError("bad field types")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"malformed vote message: {e!r}") from None
+        if expected is not None and key != expected:
+            raise ValueError(f"answer for {key}, asked about {expected}")
+        self.record(key, {self._by_name[name]: vote for name, vote in votes.items() if name in self._by_name})
+        return key
