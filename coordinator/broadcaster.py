@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,9 +36,9 @@ from hetswarm.coordinator.run_state import (
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole
+from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole, Progress
 
-__all__ = ["BroadcastConfig", "Broadcaster", "build_assignment"]
+__all__ = ["BroadcastConfig", "Broadcaster", "build_assignment", "troubles"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,20 @@ class BroadcastConfig:
         if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
             raise ConfigError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
                              f"request_timeout_s={self.request_timeout_s}")
+
+
+def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """What the plan's members report under it: the peers of the plan each could not reach, and the members that
+    gave up (with their reason). Only members count, about members: anyone can publish Progress."""
+    unreachable, stalled = {}, {}
+    for signer, record in progress.items():
+        if signer != record.peer_id or signer not in plan.roles or record.assignment_version != plan.version:
+            continue
+        if peers := [peer for peer in record.unreachable if peer in plan.roles and peer != signer]:
+            unreachable[signer] = peers
+        if record.health == "stalled":
+            stalled[signer] = record.reason or "no reason given"
+    return unreachable, stalled
 
 
 def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int) -> Assignment:
@@ -202,6 +217,10 @@ class Broadcaster:
         if step != self.state.step:
             self.state = replace(self.state, step=step)
             self._save_state()
+        if self.assignment is not None:
+            unreachable, stalled = troubles(self.assignment, progress)
+            if unreachable or stalled:
+                self.replanner.note_trouble(unreachable=unreachable, stalled=stalled, now=time.monotonic())
 
     def _save_state(self, *, force: bool = False) -> None:
         """Writes the state when it changed: at once for a new version, else at most every STATE_SAVE_INTERVAL_S."""

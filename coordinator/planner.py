@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -31,6 +31,7 @@ from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment, PeerRecord
 from hetswarm.protocol.units import BYTES_PER_GIB
@@ -63,6 +64,12 @@ class PlannerConfig:
     """On unchanged membership, a new plan must be predicted this fraction faster than the current one."""
     reconsider_s: float = 30.0
     """How often fresh measurements are checked for a clearly better plan."""
+    suspect_s: float = 60.0
+    """A peer that a member of the plan reported unreachable is left out of plans this long (then it may be
+    planned in again, as any joiner, if its record is still there)."""
+    retry_s: float = 30.0
+    """At most this often, a plan whose members report they are stalled is republished as is (a new version from
+    the last committed step), which restarts their workers."""
 
     def __post_init__(self) -> None:
         for name in ("d_dp", "d_pp"):
@@ -209,6 +216,11 @@ class Replanner:
     _changed_at: float = -math.inf
     _considered_at: float = -math.inf
     _last_refusal: str = ""
+    _suspects: dict[str, float] = field(default_factory=dict)
+    """Peer → until when (monotonic) it is left out: a member of the plan could not reach it."""
+    _trouble: str = ""
+    """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
+    _restarted_at: float = -math.inf
 
     def adopt(self, assignment: Assignment) -> bool:
         """Takes over the plan in force of this coordinator's previous run, so that a restart keeps the roles; False
@@ -239,11 +251,28 @@ class Replanner:
                 return f"it has {name}={found}, this run asks for {fixed}"
         return None
 
+    def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float) -> None:
+        """What the plan's members report (client/training/trainer.py): `unreachable` maps a reporter to the
+        peers it could not reach, `stalled` a member that gave up to its reason. An unreachable peer is left out
+        at once (no debounce: the plan cannot train with it); stalled members get the plan restarted. Two members
+        that report each other are both left out: which of them is cut off cannot be told from here."""
+        fresh = {peer for peers in unreachable.values() for peer in peers if self._suspects.get(peer, -math.inf) <= now}
+        for peer in fresh:
+            self._suspects[peer] = now + self.config.suspect_s
+        if fresh:
+            self._trouble = f"unreachable: {_short(frozenset(fresh))}, reported by {_short(frozenset(unreachable))}"
+            logger.warning(f"Members of the plan cannot reach {_short(frozenset(fresh))}; re-planning without them")
+        elif stalled and not self._trouble and now - self._restarted_at >= self.config.retry_s:
+            self._trouble = f"stalled: {_short(frozenset(stalled))} ({next(iter(stalled.values()))[:80]})"
+
     def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
-        members = frozenset(trainable_peers(records))
+        self._suspects = {peer: until for peer, until in self._suspects.items() if until > now}
+        members = frozenset(trainable_peers(records)) - frozenset(self._suspects)
         if members != self._members:
             self._members, self._changed_at = members, now
+        if self._trouble and self.current is not None:
+            return self._recover(records, members, now)
         if self.current is None and self._in_force is not None:
             return self._adopt(records, members, now)
         if self.current is None and len(members) < self.config.min_peers:
@@ -263,6 +292,16 @@ class Replanner:
             joined, left = members - self.current.peers, self.current.peers - members
             reason = (f"membership changed: {len(joined)} joined {_short(joined)}, {len(left)} left {_short(left)}")
         return self._propose(view, reason, now)
+
+    def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
+                 ) -> tuple[Proposal, str] | None:
+        """Acts on trouble at once: without the unreachable peers, or the same plan again for stalled members."""
+        trouble, self._trouble = self._trouble, ""
+        if members == self.current.peers:  # nobody to leave out: restart the plan as it is
+            self._restarted_at = self._considered_at = now
+            return self.current, f"restart from the last committed step; {trouble}"
+        view = build_view(records).subset(sorted(members))
+        return self._propose(view, f"re-planned without {trouble}", now)
 
     def _adopt(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
                 ) -> tuple[Proposal, str] | None:
@@ -333,4 +372,4 @@ class Replanner:
 
 
 def _short(peers: frozenset[str]) -> str:
-    return "[" + ", ".join(sorted("…" + p[-6:] for p in peers)) + "]"
+    return "[" + ", ".join(sorted(short_id(p) for p in peers)) + "]"

@@ -99,7 +99,8 @@ def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, 
     if current is None:
         return floor
     reported = [record.step for signer, record in progress.items() if signer == record.peer_id
-                and signer in current.roles and record.assignment_version == current.version]
+                and signer in current.roles and record.assignment_version == current.version
+                and record.health == "training"]  # a retrying or stalled peer reports the step it is stuck at
     return max([floor] + [step + 1 for step in reported])
 
 

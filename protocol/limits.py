@@ -9,6 +9,9 @@ MAX_LINKS_PER_RECORD = 256
 MAX_PEERS_PER_ASSIGNMENT = 512
 """Peers one Assignment may place."""
 
+MAX_UNREACHABLE_PER_RECORD = 16
+"""Peers one Progress record may name as unreachable."""
+
 FRAME_PART_BYTES = 2 * 1024 * 1024
 """Tensor bytes per stream message of an activation or gradient frame (hivemind: keep messages under 4 MiB)."""
 

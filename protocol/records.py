@@ -12,11 +12,13 @@ from typing import Literal
 import pydantic.v1 as pydantic
 from pydantic.v1 import StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
 
-from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_PEERS_PER_ASSIGNMENT
+from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_PEERS_PER_ASSIGNMENT, MAX_UNREACHABLE_PER_RECORD
 from hetswarm.protocol.model_config import ModelConfig
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
+Health = Literal["training", "retrying", "stalled"]
+"""Of a training peer: committing steps; failing attempts of a step and retrying it; given up on this plan."""
 
 _PeerIdStr = constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _Name = constr(strict=True, max_length=64)
@@ -128,14 +130,26 @@ class Assignment(_Record):
 
 
 class Progress(_Record):
-    """A training client's latest step, for the monitor and the coordinator's measured-vs-predicted check."""
+    """A training client's latest step, for the monitor and the coordinator's measured-vs-predicted check, and its
+    health: a peer that cannot train says so at once, with the reason and the peers it could not reach, so that the
+    coordinator can act before those peers' records expire."""
 
     peer_id: _PeerIdStr
     assignment_version: conint(strict=True, ge=0)
     step: conint(strict=True, ge=0)
+    """With health `training`, the last step this peer committed; otherwise the step it is stuck at."""
     loss: StrictFloat | None
     """Mean token cross-entropy of the last step; only last-stage peers compute it."""
     tokens_per_s: _NonNegative
     compute_s: _NonNegative
     wait_s: _NonNegative
+    retries: conint(strict=True, ge=0) = 0
+    """Aborted attempts of this peer's stage worker so far (all-or-nothing steps retry under new attempts)."""
+    resyncs: conint(strict=True, ge=0) = 0
+    """Times this replica's state differed from its stage group's and was replaced."""
+    health: Health = "training"
+    reason: constr(strict=True, max_length=256) | None = None
+    """Why this peer is retrying or stalled."""
+    unreachable: conlist(_PeerIdStr, max_items=MAX_UNREACHABLE_PER_RECORD) = pydantic.Field(default_factory=list)
+    """Peers of the plan that this peer could not reach or hear from in its last failed attempt."""
     updated_at: StrictFloat

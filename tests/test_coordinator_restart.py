@@ -16,9 +16,6 @@ import functools
 import json
 import logging
 import re
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import pytest
 from hivemind.utils import get_dht_time
@@ -48,14 +45,13 @@ from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.swarm_records import IDS, link, record
+from tests.helpers.waiting import wait_until
 
 TINY = get_model_config("tiny")
 SEARCH = SearchConfig(time_budget_s=0.5)
 COORDINATOR = IDS[9]
 PEERS = IDS[:4]
 STRANGER = IDS[8]
-
-T = TypeVar("T")
 
 
 def measured_records(peers: list[str], *, following: int | None = None) -> dict[str, PeerRecord]:
@@ -221,15 +217,6 @@ _JOINED_LINE = re.compile(r"Others can join with: --initial-peers (\S+)")
 
 def read(dht, field: str) -> dict:
     return asyncio.run(SwarmRecords(dht, SWARM, timeout_s=10).read(field))
-
-
-def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float, interval_s: float = 0.5) -> T:
-    """Calls `probe` until it returns something other than None (or False)."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := probe()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(interval_s)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,8 @@ class DemoWatch:
         self.peers, self.measured = snapshot.peers, snapshot.links_measured()
         self.assignment = snapshot.assignment(self.coordinator_id) or self.assignment
         for peer, record in snapshot.progress.items():
-            self.history.setdefault((peer, record.assignment_version, record.step), record)
+            if record.health == "training":  # a retrying peer's record names the step it is stuck at
+                self.history.setdefault((peer, record.assignment_version, record.step), record)
             self.latest[peer] = record
 
     def steps_of(self, version: int) -> dict[str, list[Progress]]:

@@ -3,6 +3,8 @@
 Each names the peer or the group at fault, so the driver (``hetswarm join``) can log one clear line and wait
 for the coordinator's next assignment instead of stepping on a half-made gradient.
 """
+from collections.abc import Iterable
+
 from hetswarm.protocol.errors import HetswarmError
 
 __all__ = ["CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError", "StepAborted"]
@@ -10,6 +12,12 @@ __all__ = ["CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce
 
 class StageError(HetswarmError):
     """A training step of this stage could not finish; the optimizer has not been stepped."""
+
+    def __init__(self, message: str, *, peers: Iterable[object] = ()) -> None:
+        super().__init__(message)
+        self.peers: tuple[str, ...] = tuple(str(peer) for peer in peers)
+        """The peers this failure points at (a silent or unreachable neighbour, members an all-reduce left out,
+        members whose commit vote never came): the trainer reports them to the coordinator at once."""
 
 
 class FrameRefused(StageError):

@@ -206,7 +206,7 @@ class StageGroup:
             total = runner.tensor_part_container.total_size
             raise PartialAllReduce(
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
-                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}")
+                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}", peers=banned)
         for tensor, averaged in zip(tensors, copies):
             tensor.copy_(averaged)
 

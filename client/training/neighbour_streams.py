@@ -181,16 +181,16 @@ async def send_frame(
         try:
             response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
         except TimeoutError:
-            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None
+            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s", peers=[peer]) from None
         except ValueError as e:  # hivemind's asingle(): the stream closed with no answer; delivered or not
             logger.debug(f"Outcome of sending {what} to {peer} unknown (try {tried}): {e}", exc_info=True)
             if tried == _SEND_TRIES:
                 raise FrameRefused(f"outcome of sending {what} to {peer} still unknown after {tried} tries: "
-                                   f"{e!r}") from e
+                                   f"{e!r}", peers=[peer]) from e
             await asyncio.sleep(_SEND_RETRY_PAUSE_S)
             continue
         except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
-            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}") from e
+            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=[peer]) from e
         if response.metadata:
             raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
         return
@@ -243,7 +243,7 @@ class NeighbourStreams:
         except TimeoutError:
             sender = self.plan.previous if kind == "activations" else self.plan.next
             raise NeighbourSilent(f"no {kind} of step {step} (attempt {attempt}), micro-batch {micro_batch} from {sender} "
-                                  f"within {self.frame_timeout_s} s") from None
+                                  f"within {self.frame_timeout_s} s", peers=[sender]) from None
 
     async def wait_for(self, peers: Iterable[PeerID], timeout_s: float) -> None:
         """Returns once every peer's stage handlers answer, so the first step does not race their start-up.
@@ -255,14 +255,20 @@ class NeighbourStreams:
         deadline = time.monotonic() + timeout_s
         while waiting:
             for peer in list(waiting):
-                stub = ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
-                try:
-                    await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=_PING_RETRY_S * 4)
+                if await self.answers(peer, timeout_s=_PING_RETRY_S * 4):
                     waiting.discard(peer)
-                except Exception as e:  # not up yet, or not found by peer routing yet
-                    logger.debug(f"{peer} does not answer yet: {e!r}")
             if waiting and time.monotonic() > deadline:
                 raise StageError(f"peers {', '.join(map(str, sorted(waiting, key=str)))} did not come up "
                                  f"within {timeout_s} s")
             if waiting:
                 await asyncio.sleep(_PING_RETRY_S)
+
+    async def answers(self, peer: PeerID, *, timeout_s: float) -> bool:
+        """Whether the peer's stage handlers answer a ping within `timeout_s`: alive and serving this swarm."""
+        stub = ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
+        try:
+            await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=timeout_s)
+            return True
+        except Exception as e:  # dead, not up yet, or not found by peer routing yet
+            logger.debug(f"{peer} does not answer a ping: {e!r}")
+            return False

@@ -7,8 +7,9 @@ Steps are all-or-nothing (client/training/step_commit.py has the argument): an a
 neighbours or all-reduce failed on any peer of the plan is aborted by every peer (gradients dropped, no optimizer
 step) and retried as attempt + 1 with the same data, up to ``StageConfig.max_attempts`` attempts per
 ``run_step`` call. Frames and group ids carry (step, attempt). A failure vote from any peer cancels the attempt
-at once everywhere. After every ``check_every`` steps and after a step that needed a retry, the replicas of each
-stage compare state hashes and a differing replica is resynchronised (client/training/replica_sync.py). The first stage draws its inputs
+at once everywhere. After a worker's first step, every ``check_every`` steps and after a step that needed a retry,
+the replicas of each stage compare state hashes and a differing replica is resynchronised
+(client/training/replica_sync.py). The first stage draws its inputs
 from the TokenSource, the last stage draws the same micro-batches for their targets (the data is a pure function
 of step, pipeline and micro-batch, so the two ends agree without talking); the stages between only relay.
 Gradients follow the loss convention of hetswarm.client.training.reference: the last stage backpropagates CE / M, the
@@ -130,6 +131,8 @@ class StageWorker:
         self.optimizer = optimizer
         self.next_step: int | None = None
         self.retries = self.resyncs = 0
+        self.on_failure: Callable[[StageError], None] | None = None
+        """Called with each failure of an attempt here, before the plan's vote: a driver reports it at once."""
         self._attempt: tuple[int, int] | None = None  # (step, next attempt) of the step not yet committed
         self._compute_s = self._wait_s = 0.0  # of the step being run
 
@@ -164,8 +167,9 @@ class StageWorker:
         else:
             raise StepAborted(f"step {step}: {self.config.max_attempts} attempts in a row were aborted; "
                               f"the last was attempt {self._attempt[1] - 1}")
+        first = self.next_step is None  # a new plan: the replicas may come from different histories
         self.next_step = step + 1
-        if attempt > 0 or (step + 1) % self.config.check_every == 0:
+        if first or attempt > 0 or (step + 1) % self.config.check_every == 0:
             if await self._waiting(self.replicas.check(step)):
                 self.resyncs += 1
         return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
@@ -196,6 +200,8 @@ class StageWorker:
         if not succeeded:
             logger.warning(f"Step {step}, attempt {attempt} failed here: "
                            f"{error if error is not None else 'another peer of the plan failed it'}")
+            if error is not None and self.on_failure is not None:
+                self.on_failure(error)
         committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
         if not committed:
             if succeeded:

@@ -106,7 +106,7 @@ class CommitBoard(ServicerBase):
             if time.monotonic() > deadline:
                 missing = sorted(map(str, self.members - set(self._votes.get(key, {}))))
                 raise CommitUnknown(f"step {key[0]}, attempt {key[1]}: no vote from {', '.join(missing)} within "
-                                    f"{timeout_s} s; whether the plan applied the step is unknown")
+                                    f"{timeout_s} s; whether the plan applied the step is unknown", peers=missing)
             self._changed.clear()
             try:
                 async with asyncio.timeout(pause):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.node import SwarmNode
@@ -31,7 +32,8 @@ from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import CommitUnknown, StageError
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.records import Assignment, PeerRole, Progress
+from hetswarm.protocol.limits import MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.records import Assignment, Health, PeerRole, Progress
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
 
@@ -54,10 +56,18 @@ class TrainerConfig:
     peer_wait_s: float = 30.0
     """How long a new worker waits for its neighbours and group to announce the same plan version; 0 for peers
     driven without a Volunteer (which is what publishes the version)."""
+    heartbeat_s: float = 2.0
+    """While training, the peers this stage talks to are pinged this often, with a deadline of the same length:
+    a dead peer's stream may hang for the whole frame timeout, a missed ping shows within seconds."""
+    heartbeat_misses: int = 2
+    """Missed pings in a row after which a peer is reported unreachable to the coordinator."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.heartbeat_s <= 0 or self.heartbeat_misses < 1:
+            raise ConfigError(f"need heartbeat_s > 0 and heartbeat_misses >= 1, got {self.heartbeat_s} and "
+                              f"{self.heartbeat_misses}")
         if self.max_failures < 1 or self.ttl_s < 2:
             raise ConfigError(f"need max_failures >= 1 and ttl_s >= 2, got {self.max_failures} and {self.ttl_s}")
 
@@ -107,6 +117,8 @@ class Trainer:
         """(assignment version, step) of the last Progress record submitted."""
         self._switching = asyncio.Lock()
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
+        self._step = 0
+        """The step the training loop is on, for reports made beside it (the heartbeat)."""
 
     async def follow(self, assignment: Assignment) -> None:
         """Trains this peer's part of ``assignment`` until a newer one arrives, max_steps is reached, or too
@@ -129,7 +141,11 @@ class Trainer:
                                f"waiting for a new assignment")
                 return
         if worker is not None:
-            await self._train(worker, assignment)
+            heartbeat = asyncio.create_task(self._watch_peers(worker, assignment))
+            try:
+                await self._train(worker, assignment)
+            finally:
+                heartbeat.cancel()
 
     async def close(self) -> None:
         """Stops training and serving the stage; publishes what is still queued."""
@@ -166,10 +182,7 @@ class Trainer:
 
     async def _wait_for_peers(self, assignment: Assignment, role: PeerRole) -> None:
         """Until the peers this stage talks to say, in their records, that they follow this version too."""
-        pipeline = assignment.pipelines[role.replica]
-        talks_to = {pipeline[s] for s in (role.stage - 1, role.stage + 1) if 0 <= s < assignment.d_pp}
-        talks_to |= {chain[role.stage] for chain in assignment.pipelines}
-        talks_to.discard(self.node.peer_id)
+        talks_to = _talks_to(assignment, role, self.node.peer_id)
         deadline = asyncio.get_running_loop().time() + self.config.peer_wait_s
         while talks_to and self.config.peer_wait_s > 0 and asyncio.get_running_loop().time() < deadline:
             try:
@@ -189,13 +202,35 @@ class Trainer:
                 await self.worker.close()
         self.worker = None
 
+    async def _watch_peers(self, worker: StageWorker, assignment: Assignment) -> None:
+        """Pings the peers this stage talks to every heartbeat; those that missed `heartbeat_misses` pings in a row
+        are reported unreachable at once (and again whenever that set changes)."""
+        peers = sorted(_talks_to(assignment, assignment.roles[self.node.peer_id], self.node.peer_id))
+        misses, reported = dict.fromkeys(peers, 0), set()
+        while peers:
+            await asyncio.sleep(self.config.heartbeat_s)
+            answered = await asyncio.gather(*(worker.streams.answers(PeerID.from_base58(peer),
+                                                                     timeout_s=self.config.heartbeat_s)
+                                              for peer in peers))
+            misses = {peer: 0 if ok else misses[peer] + 1 for peer, ok in zip(peers, answered)}
+            silent = {peer for peer, count in misses.items() if count >= self.config.heartbeat_misses}
+            if silent and silent != reported:
+                error = StageError(f"{', '.join(sorted(silent))} missed {self.config.heartbeat_misses} pings in a row",
+                                   peers=sorted(silent))
+                logger.warning(f"Reporting unreachable peers: {error}")
+                self._report_trouble(worker, assignment, self._step, "retrying", error)
+            reported = silent
+
     async def _train(self, worker: StageWorker, assignment: Assignment) -> None:
         step, failures, max_steps = assignment.step, 0, self.config.max_steps
+        worker.on_failure = lambda error: self._report_trouble(worker, assignment, step, "retrying", error)
         while max_steps is None or step < max_steps:
+            self._step = step
             try:
                 report = await worker.run_step(step)
             except CommitUnknown as e:
                 logger.warning(f"Step {step}: {e}; waiting for a new assignment")
+                self._report_trouble(worker, assignment, step, "stalled", e)
                 return
             except StageError as e:
                 failures += 1
@@ -203,6 +238,7 @@ class Trainer:
                 if failures >= self.config.max_failures:
                     logger.warning(f"Step {step} failed {failures} times in a row; stalled, waiting for a new "
                                    f"assignment")
+                    self._report_trouble(worker, assignment, step, "stalled", e)
                     return
                 await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # the same step: no peer of the plan applied it
@@ -213,7 +249,7 @@ class Trainer:
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
                     loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
-                    wait_s=report.wait_s, updated_at=get_dht_time()))
+                    wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.4f}, "
             retried = f", after {report.attempt} retries" if report.attempt else ""
             logger.info(f"step {report.step}: {loss}{report.tokens_per_s:.0f} tokens/s, wall {report.wall_s:.3f} s "
@@ -221,6 +257,25 @@ class Trainer:
             step += 1
         logger.info(f"Reached step {max_steps}: training done; serving until stopped")
         self.finished.set()
+
+    def _report_trouble(self, worker: StageWorker, assignment: Assignment, step: int, health: Health,
+                        error: StageError) -> None:
+        """Tells the coordinator at once (a Progress record) that this peer cannot train `step`, why, and which
+        peers of the plan it could not reach, so that it can re-plan before their records expire."""
+        self._progress.submit(Progress(
+            peer_id=self.node.peer_id, assignment_version=assignment.version, step=step, loss=None,
+            tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries, resyncs=worker.resyncs,
+            health=health, reason=str(error)[:256],
+            unreachable=[peer for peer in dict.fromkeys(error.peers) if peer in assignment.roles][:MAX_UNREACHABLE_PER_RECORD],
+            updated_at=get_dht_time()))
+
+
+def _talks_to(assignment: Assignment, role: PeerRole, me: str) -> set[str]:
+    """The peers a stage exchanges frames, votes or gradients with: its pipeline neighbours and its stage group."""
+    pipeline = assignment.pipelines[role.replica]
+    peers = {pipeline[s] for s in (role.stage - 1, role.stage + 1) if 0 <= s < assignment.d_pp}
+    peers |= {chain[role.stage] for chain in assignment.pipelines}
+    return peers - {me}
 
 
 async def _start_uncancelled(starting) -> StageWorker:
