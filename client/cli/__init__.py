@@ -5,8 +5,11 @@
  * schedule.py    - `hetswarm schedule`: plan a network without any GPU
  * coordinator.py - `hetswarm coordinator`
  * demo.py        - `hetswarm demo`
+ * doctor.py      - `hetswarm doctor`: one verdict per check of this peer's set-up and its swarm
+ * web.py         - `monitor --web`: the live page and /api/v1/state (aiohttp; static/ holds its HTML, JS, CSS)
  * processes.py   - the processes behind the long-running commands: start-up order, signals, clean exits
  * render.py      - everything drawn for people: the monitor's tables, the demo's live view and summary
+ * plots.py       - the demo's PNG (loss curves, measured vs predicted step time); matplotlib is optional
 
 Nothing outside this room imports it.
 """

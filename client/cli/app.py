@@ -12,17 +12,20 @@ from hetswarm.client.cli import processes
 from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
 from hetswarm.client.cli.options import (
     AnnounceMaddrsOpt, CoordinatorOpt, EnvvarCommand, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt,
-    LogFormatOpt, SwarmOpt, VerboseOpt, configure_logging, err_console,
+    LogFormatOpt, MetricsHostOpt, MetricsPortOpt, SwarmOpt, VerboseOpt, configure_logging, err_console,
+    metrics_address,
 )
 from hetswarm.client.cli.coordinator import coordinator
 from hetswarm.client.cli.demo import demo
+from hetswarm.client.cli.doctor import doctor
 from hetswarm.client.peer.assignment_follower import check_coordinator_id
 from hetswarm.client.peer.link_probe import ProbeConfig
+from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.client.cli.schedule import schedule
 from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.client.peer.volunteer import VolunteerConfig
-from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.errors import HetswarmError, RejectedInput
 
 app = typer.Typer(
     rich_markup_mode="rich",
@@ -34,6 +37,7 @@ app = typer.Typer(
 app.command()(schedule)
 app.command(cls=EnvvarCommand)(coordinator)
 app.command()(demo)
+app.command()(doctor)
 
 @app.command(cls=EnvvarCommand)
 def join(
@@ -59,6 +63,8 @@ def join(
     seed: Annotated[int, typer.Option(help="With --coordinator: model and data seed, the same on every peer.")] = 0,
     torch_threads: Annotated[Optional[int], typer.Option(help="Cap torch's CPU threads (several clients on "
                                                               "one machine).")] = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
     log_format: LogFormatOpt = "text",
 ) -> None:
@@ -81,7 +87,7 @@ def join(
     training = TrainingSetup(data_path=data, seed=seed, torch_threads=torch_threads,
                              config=TrainerConfig(max_steps=max_steps, ttl_s=ttl)) if coordinator else None
     processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
-                   training=training)
+                   training=training, metrics=metrics_address(metrics_port, metrics_host))
 
 
 @app.command()
@@ -106,19 +112,25 @@ def monitor(
     json_output: JsonOpt = False,
     refresh: Annotated[float, typer.Option(help="Seconds between refreshes of the live view.")] = 2.0,
     coordinator: CoordinatorOpt = None,
+    web: Annotated[Optional[str], typer.Option("--web", metavar="HOST:PORT", help="Serve the live view as a web "
+                                               "page (and JSON at /api/v1/state) here; port 0 picks a free one."
+                                               )] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Watch peers, their GPUs, the link matrix and the current assignment; --json prints one snapshot for scripts.
 
-    The assignment shown is the pinned --coordinator's, or else the newest version anyone published.
+    The assignment shown is the pinned --coordinator's, or else the newest version anyone published. With --web
+    the live view is a page in the browser, with loss and step-time curves; the command prints its URL.
     """
     configure_logging(verbose)
     if not initial_peers:
         raise HetswarmError("give --initial-peers of a peer in the swarm")
+    if web is not None and (once or json_output):
+        raise RejectedInput("--web serves a live page until Ctrl+C; leave out --once and --json")
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=(LOOPBACK,),
                              client_mode=True)
     processes.monitor(node_config, once=once or json_output, as_json=json_output, refresh_s=refresh,
-                      coordinator=check_coordinator_id(coordinator) if coordinator else None)
+                      coordinator=check_coordinator_id(coordinator) if coordinator else None, web=web)
 
 
 def main() -> None:

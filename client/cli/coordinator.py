@@ -12,12 +12,16 @@ from hetswarm.client.cli.options import (
     LogFormatOpt,
     IdentityPathOpt,
     InitialPeersOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
     SwarmOpt,
     VerboseOpt,
     configure_logging,
+    metrics_address,
 )
 from hetswarm.client.cli.processes import run_coordinator
 from hetswarm.client.peer.addresses import ANY_HOST
+from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.coordinator.broadcaster import BroadcastConfig
 from hetswarm.coordinator.run_state import state_path_for
@@ -49,6 +53,8 @@ def coordinator(
     improvement: Annotated[float, typer.Option(help="Re-plan on the same peers only if this fraction faster.")] = 0.1,
     reconsider: Annotated[float, typer.Option(help="Seconds between checks for a clearly better plan.")] = 30.0,
     save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
     log_format: LogFormatOpt = "text",
 ) -> None:
@@ -73,7 +79,7 @@ def coordinator(
                                        state_path=state_path_for(identity_path) if identity_path else None)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
-    run_coordinator(node_config, planner_config, broadcast_config)
+    run_coordinator(node_config, planner_config, broadcast_config, metrics=metrics_address(metrics_port, metrics_host))
 
 
 def _degree(option: str, value: str) -> int | None:

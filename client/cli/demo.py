@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.live import Live
 
 from hetswarm.client.cli.options import VerboseOpt, configure_logging, console, err_console
+from hetswarm.client.cli.plots import plot_line
 from hetswarm.client.cli.render import render_watch, summary_lines
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
 from hetswarm.protocol.errors import RejectedInput
@@ -48,7 +49,8 @@ def demo(
 
 
 def _run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
-    """`hetswarm demo`: run_swarm with a live view, then the summary; says where the logs are either way."""
+    """`hetswarm demo`: run_swarm with a live view, then the summary and its PNG (demo.png in the work folder);
+    says where the logs are either way."""
     workdir: list[Path] = []
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up as Ctrl+C does
     try:
@@ -58,6 +60,7 @@ def _run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
         console.print()
         for line in summary_lines(phases):
             console.print(line)
+        console.print(plot_line(phases, workdir[0] / "demo.png"), soft_wrap=True)  # loss curves, step times
         return phases
     finally:
         if workdir:

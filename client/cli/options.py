@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from typer.core import TyperCommand, TyperOption
 
+from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST, MetricsAddress
 from hetswarm.protocol.errors import RejectedInput
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
@@ -83,3 +84,20 @@ SwarmOpt = Annotated[str, typer.Option("--swarm", help="Swarm name; one DHT can 
 CoordinatorOpt = Annotated[
     Optional[str], typer.Option("--coordinator", help="Peer id of the coordinator to trust (its `Coordinator peer id:` line).")
 ]
+MetricsPortOpt = Annotated[
+    Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus metrics at "
+                                "http://HOST:PORT/metrics (0: any free port, logged); off when not given.")
+]
+MetricsHostOpt = Annotated[
+    str, typer.Option("--metrics-host", help="Where --metrics-port listens: 127.0.0.1 keeps the metrics on this "
+                      "machine; 0.0.0.0 offers them to the network (no authentication).")
+]
+
+
+def metrics_address(port: int | None, host: str) -> MetricsAddress | None:
+    """--metrics-port and --metrics-host as one address; None (no metrics) without a port."""
+    if port is None:
+        if host != DEFAULT_METRICS_HOST:
+            raise RejectedInput("--metrics-host only makes sense with --metrics-port PORT")
+        return None
+    return MetricsAddress(port=port, host=host)

@@ -15,9 +15,12 @@ from rich.live import Live
 
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.peer.hardware import probe_hardware, resolve_device
+from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, MetricsAddress, beside, serve_metrics
+from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
 from hetswarm.client.cli.render import render
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.keys import reachability_namespace
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
 from hetswarm.client.training.trainer import TrainingSetup
@@ -61,13 +64,17 @@ def announce(line: str) -> None:
 
 
 def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: str | None, throughput: str,
-         emulation: Emulation | None, training: TrainingSetup | None = None) -> None:
-    """Serves as a volunteer until Ctrl+C; with `training`, trains the stage of every accepted assignment."""
+         emulation: Emulation | None, training: TrainingSetup | None = None, metrics: MetricsAddress | None = None
+         ) -> None:
+    """Serves as a volunteer until Ctrl+C; with `training`, trains the stage of every accepted assignment; with
+    `metrics`, serves Prometheus metrics there."""
     site_links = emulation.site_links() if emulation else None  # fail on a bad scenario before starting anything
     torch_device = resolve_device(device)
     identity = identity_for(node_config)
     dht = start_dht_for_process(node_config, identity)  # before torch's threads: the DHT forks
+    metrics_server = None
     try:
+        metrics_server = serve_metrics(metrics) if metrics else None  # a thread: only once the DHT has forked
         hardware = probe_hardware(torch_device, throughput=throughput)
 
         async def serve(stop: asyncio.Event) -> None:
@@ -75,17 +82,27 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                                           site=emulation.site if emulation else None)
             announce(f"Joined swarm {node_config.swarm!r} as {node.peer_id}. Others can join with: "
                      f"{node.initial_peers_line}")
+            namespace = reachability_namespace(node_config.swarm)
+            await ReachabilityServicer().add_p2p_handlers(node.p2p, namespace=namespace)
+            reachability = asyncio.create_task(  # advice only: in the background, never stops the client
+                report_reachability(node.p2p, node.records, me=node.peer_id, namespace=namespace))
             trainer = training.build(node, torch_device) if training else None
             try:
-                await Volunteer(node, hardware, volunteer_config,
-                                on_assignment=trainer.follow if trainer else None).run(stop)
+                volunteer = Volunteer(node, hardware, volunteer_config,
+                                      on_assignment=trainer.follow if trainer else None)
+                if metrics_server is not None:
+                    metrics_server.register(ClientCollector(volunteer, trainer))
+                await volunteer.run(stop)
             finally:
+                reachability.cancel()  # a no-op once it has reported; asyncio.run awaits it on the way out
                 if trainer is not None:
                     await trainer.close()
                 await node.p2p.shutdown()
 
         run_until_signal(serve)
     finally:
+        if metrics_server is not None:
+            metrics_server.close()
         dht.shutdown()
 
 
@@ -101,11 +118,21 @@ def bootstrap(node_config: NodeConfig) -> None:
 
 
 def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0,
-            coordinator: str | None = None) -> None:
-    """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C."""
+            coordinator: str | None = None, web: str | None = None) -> None:
+    """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C; with `web`
+    (HOST:PORT) the live view is a page served there (client/cli/web.py) instead of the table."""
+    if web is not None:
+        # Imported here: aiohttp would add ~0.25 s to the start of every other command.
+        from hetswarm.client.cli.web import WebAddress, serve_web
+        address = WebAddress.parse(web)  # a bad value fails before the DHT starts
     dht = start_dht_for_process(node_config, identity_for(node_config))
     records = SwarmRecords(dht, node_config.swarm)
     try:
+        if web is not None:
+            run_until_signal(lambda stop: serve_web(records, address, stop=stop, coordinator=coordinator,
+                                                    refresh_s=refresh_s, on_ready=announce))
+            return
+
         async def read_snapshot() -> dict:
             try:
                 return (await SwarmSnapshot.read(records)).to_json(coordinator)
@@ -143,17 +170,28 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
         dht.shutdown()
 
 
-def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broadcast_config: BroadcastConfig) -> None:
-    """Starts the DHT node, prints what volunteers paste (and pin), and broadcasts until Ctrl+C."""
+def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broadcast_config: BroadcastConfig, *,
+                    metrics: MetricsAddress | None = None) -> None:
+    """Starts the DHT node, prints what volunteers paste (and pin), and broadcasts until Ctrl+C; with `metrics`,
+    serves Prometheus metrics there."""
     identity = identity_for(node_config)
     dht = start_dht_for_process(node_config, identity)
+    metrics_server = None
     try:
+        metrics_server = serve_metrics(metrics) if metrics else None  # a thread: only once the DHT has forked
         announce(f"Coordinator of swarm {node_config.swarm!r} is up. Volunteers join with:\n"
                  f"  hetswarm join {initial_peers_line(dht)} --swarm {node_config.swarm} "
                  f"--coordinator {identity.peer_id}\nCoordinator peer id: {identity.peer_id}")
         broadcaster = Broadcaster(dht, private_key=identity.private_key, coordinator_id=identity.peer_id,
                                   replanner=Replanner(planner_config), config=broadcast_config)
-        run_until_signal(broadcaster.run)
+        main = broadcaster.run
+        if metrics_server is not None:
+            collector = CoordinatorCollector(broadcaster, SwarmRecords(dht, node_config.swarm))
+            metrics_server.register(collector)
+            main = beside(broadcaster.run, collector.watch)
+        run_until_signal(main)
         logger.info("Coordinator stopped")
     finally:
+        if metrics_server is not None:
+            metrics_server.close()
         dht.shutdown()

@@ -7,7 +7,9 @@
  * emulation.py           - EmulatedP2P: links paced and delayed as a real-world scenario says
  * volunteer.py           - heartbeat, swarm view and probing loops of a joined peer
  * assignment_follower.py - accepts only the pinned coordinator's assignments, checked once on arrival
+ * reachability.py        - can peers dial this one back? (asked on join, answered for others; the doctor's clock)
  * snapshot.py            - SwarmSnapshot: one typed read of a swarm's records (monitor, demo, scripts)
+ * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
 """
 from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK, BadMultiaddr, check_maddrs
 from hetswarm.client.peer.assignment_follower import AssignmentFollower

@@ -1,0 +1,105 @@
+"""`hetswarm doctor`: one verdict line per check, exit code 0 on a healthy swarm and 1 when a check fails.
+
+Run as a user runs it, a separate process, against a bootstrap node and one `hetswarm join` on 127.0.0.1, and
+against an initial peer that does not exist; a bad multiaddr is refused in-process before anything starts.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hetswarm.client.cli import app
+from hetswarm.client.cli.doctor import gpu_cache_check
+from hetswarm.client.local.swarm import LocalSwarm, hetswarm_command
+from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.hardware import probe_hardware
+from hetswarm.protocol.errors import HetswarmError
+
+CHECKS = ["p2p daemon", "bootstrap peers", "swarm records", "reachability", "clock", "GPU probe cache", "versions"]
+LINE = re.compile(r"^(ok|warn|FAIL|skip) +(p2p daemon|bootstrap peers|swarm records|reachability|clock|"
+                  r"GPU probe cache|versions) +(\S.*)$")
+MADE_UP_PEER = "QmQ6eFsQ8xvTfyWMxkXHJ4rJ1yQ5ajcbK9ReKjECnaswkD"
+
+
+def run_doctor(*args: str, timeout_s: float) -> tuple[subprocess.CompletedProcess, dict[str, str], float]:
+    """The command's result, its verdict by check, and how long it took."""
+    start = time.monotonic()
+    result = subprocess.run(hetswarm_command("doctor", "--host-maddrs", LOOPBACK, *args), capture_output=True,
+                            text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    verdicts = {m.group(2): m.group(1) for m in map(LINE.match, result.stdout.splitlines()) if m}
+    return result, verdicts, time.monotonic() - start
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    with LocalSwarm("doctortest", workdir=tmp_path_factory.mktemp("swarm")) as swarm:
+        swarm.start_bootstrap()
+        swarm.start_client("alice")
+        swarm.poll(lambda s: s["counts"]["peers"] == 1, timeout_s=90)
+        yield swarm
+
+
+@pytest.mark.timeout(180)
+def test_against_a_live_swarm_every_check_passes_or_warns(swarm):
+    result, verdicts, took_s = run_doctor("--initial-peers", swarm.initial_peers, "--swarm", swarm.swarm,
+                                          timeout_s=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert list(verdicts) == CHECKS, result.stdout
+    assert "FAIL" not in verdicts.values() and "skip" not in verdicts.values(), result.stdout
+    for check in ("p2p daemon", "bootstrap peers", "swarm records", "reachability", "clock"):
+        assert verdicts[check] == "ok", result.stdout  # alice is in view: she dials back and tells her time
+    assert took_s < 90
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_initial_peer_fails_the_bootstrap_check_fast():
+    dead = f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{MADE_UP_PEER}"
+    result, verdicts, took_s = run_doctor("--initial-peers", dead, "--timeout", "5", timeout_s=90)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert list(verdicts) == CHECKS, result.stdout
+    assert verdicts["p2p daemon"] == "ok" and verdicts["bootstrap peers"] == "FAIL", result.stdout
+    assert "connection refused" in result.stdout
+    assert {verdicts[c] for c in ("swarm records", "reachability", "clock")} == {"skip"}
+    assert took_s < 60
+
+
+@pytest.fixture
+def _restore_hetswarm_logger():
+    """The command configures the `hetswarm` logger; later tests get it back as it was."""
+    logger = logging.getLogger("hetswarm")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("_restore_hetswarm_logger")
+def test_a_bad_multiaddr_is_one_expected_error():
+    result = CliRunner().invoke(app, ["doctor", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmNotAPeer"])
+    assert result.exit_code == 1
+    assert isinstance(result.exception, HetswarmError) and "not a valid multiaddr" in str(result.exception)
+    assert result.stdout.strip() == ""  # refused before any check ran
+
+
+def test_gpu_cache_check_reads_what_probe_hardware_writes(tmp_path):
+    device = torch.device("cpu")
+    cache = tmp_path / "throughput.json"
+    assert gpu_cache_check(device, cache).verdict == "warn"  # never measured: join will measure
+    probe_hardware(device, cache_path=cache)  # a 1024² fp32 matmul on the CPU: well under a second
+    assert gpu_cache_check(device, cache).verdict == "ok"
+    cache.write_text("{not json")
+    broken = gpu_cache_check(device, cache)
+    assert broken.verdict == "FAIL" and "delete it" in broken.hint  # join would crash on it
