@@ -11,8 +11,8 @@ import time
 
 from results import command_line, write_section
 
-from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.emulation import SiteLinks
 
 SITES = ["Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland"]
 

@@ -15,7 +15,8 @@ import argparse
 import time
 
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
-from hetswarm.client.local.demo import DemoConfig, REGIONS, run_swarm
+
+from hetswarm.client.local.demo import REGIONS, DemoConfig, run_swarm
 
 PLACEMENTS = ("scheduled", "random", "default")
 

@@ -31,7 +31,13 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.coordinator.run_state import (
-    CoordinatorState, highest_followed_version, load_state, save_state, standing, start_step, write_json,
+    CoordinatorState,
+    highest_followed_version,
+    load_state,
+    save_state,
+    standing,
+    start_step,
+    write_json,
 )
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD

@@ -17,10 +17,10 @@ from typing import Protocol
 import numpy as np
 
 from hetswarm.coordinator.matching import bottleneck_matching
-from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.errors import ConfigError, RejectedInput
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["CostBreakdown", "CostEvaluator", "InvalidPlanShape", "PaperCostModel", "Payloads", "edge_time_s"]

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.coordinator.plan import Plan
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GIB
 
 __all__ = ["LiveBreakdown", "NoFeasiblePlan", "predict_step_s", "stage_compute_s", "stage_memory_bytes"]

@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 

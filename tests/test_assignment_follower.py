@@ -11,7 +11,6 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from hetswarm.client.peer.assignment_follower import AssignmentFollower, check_coordinator_id
 from hetswarm.coordinator.broadcaster import build_assignment
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.planner import PlannerConfig, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
@@ -19,6 +18,7 @@ from hetswarm.protocol.errors import HetswarmError, RecordTooLarge
 from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import encode_record, owner_subkey
 from hetswarm.protocol.records import Assignment, PeerRole
 from hetswarm.protocol.signing import make_validators

@@ -26,6 +26,7 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.coordinator.broadcaster import build_assignment
+from hetswarm.coordinator.planner import PlannerConfig, Proposal, Replanner, propose
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
     load_state,
@@ -34,7 +35,6 @@ from hetswarm.coordinator.run_state import (
     start_step,
     state_path_for,
 )
-from hetswarm.coordinator.planner import PlannerConfig, Proposal, Replanner, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError

@@ -18,11 +18,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.cli.render import render
+from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
-from hetswarm.protocol.record_store import encode_record, owner_subkey, SwarmRecords
+from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from tests.helpers.dht_nodes import start_node
 
 SWARM = "coordtest"

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.helpers.scheduler_oracles import brute_cost, random_network
 
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.network import SCENARIOS, InvalidNetwork, Network, load_network
+from hetswarm.protocol.model_config import get_model_config
+from tests.helpers.scheduler_oracles import brute_cost, random_network
 
 PAPER = get_model_config("paper-gpt3-xl")
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from hetswarm.client.training.data import DataError, TokenSource, default_corpus, sequences_per_micro_batch
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.model_config import get_model_config
 
 SEQ_LEN = 16
 

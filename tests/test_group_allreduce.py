@@ -9,8 +9,8 @@ import enum
 import pytest
 import torch
 
-from hetswarm.client.training.group_allreduce import StageGroup
 from hetswarm.client.training.errors import PartialAllReduce
+from hetswarm.client.training.group_allreduce import StageGroup
 from tests.helpers.p2p_nodes import connected_p2ps
 
 SHAPES = [(40, 16), (16,), (7, 3, 5), (300,)]  # several tensors, as a stage's parameters are

@@ -18,9 +18,8 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.coordinator.broadcaster import build_assignment, troubles
-from hetswarm.coordinator.planner import PlannerConfig, Replanner, propose
+from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.model_config import get_model_config

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.emulation import SiteLinks
 
 SCENARIO = "worldwide"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "tokyo": "Tokyo", "london": "London"}  # 3 regions

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.helpers.scheduler_oracles import brute_bottleneck
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from hetswarm.coordinator.matching import bottleneck_matching
+from tests.helpers.scheduler_oracles import brute_bottleneck
 
 
 @pytest.mark.parametrize("k", range(1, 7))

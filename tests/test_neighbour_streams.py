@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent
-from hetswarm.client.training.neighbour_streams import StreamPlan, NeighbourStreams
+from hetswarm.client.training.neighbour_streams import NeighbourStreams, StreamPlan
 from tests.helpers.p2p_nodes import connected_p2ps
 
 SHAPE = (2, 8, 16)  # (micro_batch_size, seq_len, d_model)

@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 import pytest
-from tests.helpers.scheduler_oracles import random_network
 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.coordinator.plan import cost_plan, plan_from_partition
+from tests.helpers.scheduler_oracles import random_network
 
 PAYLOADS = Payloads(dp_bytes=0.4e9, pp_bytes=0.3e9)
 

@@ -5,10 +5,10 @@ import pytest
 
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.coordinator.live_cost import NoFeasiblePlan, stage_memory_bytes
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.planner import PlannerConfig, Replanner, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
+from hetswarm.protocol.model_config import get_model_config
 from tests.helpers.swarm_records import IDS, link, record
 
 SITES = ["Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland"]

@@ -12,7 +12,7 @@ from hetswarm.protocol.errors import RecordTooLarge
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
-from hetswarm.protocol.record_store import encode_record, owner_subkey, SwarmRecords
+from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from hetswarm.protocol.records import Hardware, PeerRecord
 from hetswarm.protocol.signing import make_validators
 from tests.helpers.dht_nodes import dht_pair

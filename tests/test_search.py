@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.helpers.scheduler_oracles import balanced_partitions, random_network
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.coordinator.network import load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig, search
+from hetswarm.protocol.model_config import get_model_config
+from tests.helpers.scheduler_oracles import balanced_partitions, random_network
 
 PAYLOADS = Payloads(dp_bytes=0.4e9, pp_bytes=0.3e9)
 QUICK = SearchConfig(time_budget_s=20, population=6, max_generations=40, stall_generations=15, restarts=1)

@@ -10,8 +10,8 @@ import torch
 from hetswarm.client.training.data import TokenSource, default_corpus
 from hetswarm.client.training.model import StageModule, build_full_model, build_stage
 from hetswarm.client.training.reference import MicroBatch, micro_batch_loss, reference_step, step_batches
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.framing import Expectation, FrameHeader, decode_frame, encode_frame
+from hetswarm.protocol.model_config import get_model_config
 
 TINY = get_model_config("tiny")
 SEED = 11

@@ -14,9 +14,9 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import PROGRESS_FIELD
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRole, Progress
 from tests.helpers.dht_nodes import start_node

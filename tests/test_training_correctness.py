@@ -15,8 +15,8 @@ from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import reference_step, step_batches
 from hetswarm.client.training.stage_worker import StageConfig
-from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
 from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node

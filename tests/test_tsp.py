@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.helpers.scheduler_oracles import brute_path
 
 from hetswarm.coordinator.tsp import EXACT_MAX_NODES, held_karp_path, heuristic_path, path_cost, shortest_path
+from tests.helpers.scheduler_oracles import brute_path
 
 
 def _symmetric(n: int, rng: np.random.Generator) -> np.ndarray:

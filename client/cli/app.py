@@ -9,22 +9,34 @@ from typing import Annotated, Optional
 import typer
 
 from hetswarm.client.cli import processes
-from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
-from hetswarm.client.cli.options import (
-    AnnounceMaddrsOpt, CoordinatorOpt, EnvvarCommand, HostMaddrsOpt, IdentityPathOpt, InitialPeersOpt, JsonOpt,
-    LogFormatOpt, MetricsHostOpt, MetricsPortOpt, SwarmOpt, VerboseOpt, configure_logging, err_console,
-    metrics_address,
-)
 from hetswarm.client.cli.coordinator import coordinator
 from hetswarm.client.cli.demo import demo
 from hetswarm.client.cli.doctor import doctor
+from hetswarm.client.cli.options import (
+    AnnounceMaddrsOpt,
+    CoordinatorOpt,
+    EnvvarCommand,
+    HostMaddrsOpt,
+    IdentityPathOpt,
+    InitialPeersOpt,
+    JsonOpt,
+    LogFormatOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
+    SwarmOpt,
+    VerboseOpt,
+    configure_logging,
+    err_console,
+    metrics_address,
+)
+from hetswarm.client.cli.schedule import schedule
+from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
 from hetswarm.client.peer.assignment_follower import check_coordinator_id
 from hetswarm.client.peer.link_probe import ProbeConfig
 from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
-from hetswarm.client.cli.schedule import schedule
-from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.client.peer.volunteer import VolunteerConfig
+from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 
 app = typer.Typer(

@@ -9,9 +9,9 @@ import typer
 from hetswarm.client.cli.options import (
     AnnounceMaddrsOpt,
     HostMaddrsOpt,
-    LogFormatOpt,
     IdentityPathOpt,
     InitialPeersOpt,
+    LogFormatOpt,
     MetricsHostOpt,
     MetricsPortOpt,
     SwarmOpt,
@@ -24,8 +24,8 @@ from hetswarm.client.peer.addresses import ANY_HOST
 from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.coordinator.broadcaster import BroadcastConfig
-from hetswarm.coordinator.run_state import state_path_for
 from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.run_state import state_path_for
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config

@@ -13,20 +13,20 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.live import Live
 
+from hetswarm.client.cli.render import render
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.peer.hardware import probe_hardware, resolve_device
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, MetricsAddress, beside, serve_metrics
-from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
-from hetswarm.client.cli.render import render
-from hetswarm.client.peer.snapshot import SwarmSnapshot
-from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.keys import reachability_namespace
-from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
+from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
+from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.client.training.trainer import TrainingSetup
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
-from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
+from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.keys import reachability_namespace
+from hetswarm.protocol.record_store import SwarmRecords
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import predict_step_s
-from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
@@ -21,6 +20,7 @@ from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig, SearchProgress
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
 
 PAPER_MODEL = "paper-gpt3-xl"
 PAPER_DEVICES = 64

@@ -28,9 +28,9 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.snapshot import SwarmSnapshot
-from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 

@@ -18,8 +18,8 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
-from hetswarm.protocol.records import LinkMeasurement
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.records import LinkMeasurement
 from hetswarm.protocol.units import BITS_PER_MBIT, MS_PER_S
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_link
 from hetswarm.client.peer.node import SwarmNode
+from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import probe_namespace, short_id
 from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, PeerState
-from hetswarm.protocol.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["DataError", "TokenSource", "default_corpus", "read_corpus", "sequences_per_micro_batch"]
 

@@ -13,8 +13,6 @@ from hetswarm.client.peer.node import Identity, NodeConfig, start_dht
 from hetswarm.protocol.identity import load_identity
 
 
-
-
 def start_node(
     swarm: str, identity_path: Path, initial_peers: list[str] = (), *, signing_key: RSAPrivateKey | None = None
 ) -> tuple[hivemind.DHT, RSAPrivateKey]:
