@@ -1,6 +1,8 @@
 """Shared fixtures: every child process a test starts is reaped, even when the test fails."""
 from __future__ import annotations
 
+import logging
+
 import psutil
 import pytest
 
@@ -37,3 +39,13 @@ def _name(process: psutil.Process) -> str:
 def _reap_leftover_children():
     yield
     reap_children()
+
+
+@pytest.fixture
+def hetswarm_logger_restored():
+    """Commands run in-process configure the `hetswarm` logger (a handler, no propagation); later tests get it
+    back as it was, so that their caplog still sees hetswarm's records."""
+    logger = logging.getLogger("hetswarm")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved

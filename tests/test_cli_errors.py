@@ -6,7 +6,6 @@ One test runs the real entry point in a subprocess to prove that turn: one line 
 """
 from __future__ import annotations
 
-import logging
 import subprocess
 
 import pytest
@@ -35,14 +34,7 @@ BAD_INPUT = [
                  id="bad-demo-plan"),
 ]
 
-
-@pytest.fixture(autouse=True)
-def _restore_hetswarm_logger():
-    """The commands configure the `hetswarm` logger (a handler, no propagation); later tests get it back as it was."""
-    logger = logging.getLogger("hetswarm")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
+pytestmark = pytest.mark.usefixtures("hetswarm_logger_restored")
 
 
 @pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from hetswarm.client.local.swarm import hetswarm_command
 from hetswarm.client.peer.addresses import LOOPBACK
 
 
-def test_an_option_set_by_its_environment_variable_takes_effect():
+def test_an_option_set_by_its_environment_variable_takes_effect(hetswarm_logger_restored):
     env = {"HETSWARM_NEW_SWARM": "1", "HETSWARM_EMULATE": "worldwide", "HETSWARM_SITE": "Atlantis"}
     result = CliRunner().invoke(app, ["join"], env=env)
     assert result.exit_code == 1

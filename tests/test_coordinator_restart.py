@@ -184,14 +184,6 @@ def test_a_client_says_once_per_version_that_it_ignores_an_older_one(caplog):
     assert "v7 from" not in caplog.text and follower.current.version == 7
 
 
-@pytest.fixture
-def hetswarm_logger_restored():
-    """The command configures the `hetswarm` logger (a handler, no propagation); later tests get it back as it was."""
-    logger = logging.getLogger("hetswarm")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-
 
 @pytest.mark.timeout(60)
 def test_a_coordinator_without_initial_peers_needs_new_swarm(hetswarm_logger_restored, tmp_path):

@@ -5,7 +5,6 @@ against an initial peer that does not exist; a bad multiaddr is refused in-proce
 """
 from __future__ import annotations
 
-import logging
 import re
 import socket
 import subprocess
@@ -76,17 +75,9 @@ def test_a_dead_initial_peer_fails_the_bootstrap_check_fast():
     assert took_s < 60
 
 
-@pytest.fixture
-def _restore_hetswarm_logger():
-    """The command configures the `hetswarm` logger; later tests get it back as it was."""
-    logger = logging.getLogger("hetswarm")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-
 
 @pytest.mark.timeout(60)
-@pytest.mark.usefixtures("_restore_hetswarm_logger")
+@pytest.mark.usefixtures("hetswarm_logger_restored")
 def test_a_bad_multiaddr_is_one_expected_error():
     result = CliRunner().invoke(app, ["doctor", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmNotAPeer"])
     assert result.exit_code == 1

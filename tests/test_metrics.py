@@ -11,9 +11,7 @@ import asyncio
 import re
 import time
 import urllib.request
-from collections.abc import Callable
 from types import SimpleNamespace
-from typing import TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,8 +23,8 @@ from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, 
 from hetswarm.protocol.errors import ConfigError, HetswarmError, RejectedInput
 from hetswarm.protocol.records import PeerRole, Progress
 from tests.helpers.swarm_records import IDS, link, record
+from tests.helpers.waiting import wait_until
 
-T = TypeVar("T")
 ME, OTHER, THIRD = IDS[0], IDS[1], IDS[2]
 
 
@@ -198,14 +196,6 @@ CLIENTS = ("alice", "bob")
 _METRICS_LINE = re.compile(r"Serving Prometheus metrics at (http://127\.0\.0\.1:\d+/metrics)")
 SCRAPE_GAP_S = 6.0
 
-
-def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float, interval_s: float = 1.0) -> T:
-    """Calls `probe` until it returns something other than None (or False)."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := probe()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(interval_s)
-    return found
 
 
 @pytest.fixture(scope="module")

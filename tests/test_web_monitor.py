@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import shutil
 import signal
@@ -39,16 +38,8 @@ CLIENTS = ("alpha", "beta")
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
 SOME_PEER_MADDR = f"/ip4/127.0.0.1/tcp/1/p2p/{PEER}"
 _URL_LINE = re.compile(r"Web view: (http://127\.0\.0\.1:\d+/)")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("hetswarm_logger_restored")]
 
-
-@pytest.fixture(autouse=True)
-def _restore_hetswarm_logger():
-    """The in-process commands configure the `hetswarm` logger; later tests get it back as it was."""
-    logger = logging.getLogger("hetswarm")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 # --- the command line and the server alone -------------------------------------------------------------------------
