@@ -23,10 +23,14 @@ commit vote fails and the whole plan retries the step (never a one-sided skip).
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import AsyncIterator  # ServicerBase recognises stream arguments by typing.AsyncIterator only
+from typing import (
+    AsyncIterator,  # ServicerBase recognises stream arguments by typing.AsyncIterator only
+    Literal,
+)
 
 import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
@@ -40,6 +44,11 @@ from hetswarm.protocol.limits import MAX_FRAME_BYTES
 __all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
 
 logger = logging.getLogger(__name__)
+
+Ping = Literal["answered", "late", "failed"]
+_DIAL_FAILED = re.compile(r"connection refused|dial backoff", re.IGNORECASE)
+"""What libp2p says (through p2pd's ControlFailure) when the peer's address refuses connections, then while it backs
+off from redialling it; a peer not yet found by routing ("no addresses") is not taken for gone."""
 
 FrameKey = tuple[FrameKind, int, int, int]
 """(kind, step, attempt, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
@@ -181,16 +190,17 @@ async def send_frame(
         try:
             response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
         except TimeoutError:
-            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s", peers=[peer]) from None
+            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None  # slow, not gone
         except ValueError as e:  # hivemind's asingle(): the stream closed with no answer; delivered or not
             logger.debug(f"Outcome of sending {what} to {peer} unknown (try {tried}): {e}", exc_info=True)
             if tried == _SEND_TRIES:
                 raise FrameRefused(f"outcome of sending {what} to {peer} still unknown after {tried} tries: "
-                                   f"{e!r}", peers=[peer]) from e
+                                   f"{e!r}") from e
             await asyncio.sleep(_SEND_RETRY_PAUSE_S)
             continue
         except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
-            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=[peer]) from e
+            gone = [peer] if _DIAL_FAILED.search(str(e)) else []  # only a failed dial says the peer is gone
+            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=gone) from e
         if response.metadata:
             raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
         return
@@ -255,7 +265,7 @@ class NeighbourStreams:
         deadline = time.monotonic() + timeout_s
         while waiting:
             for peer in list(waiting):
-                if await self.answers(peer, timeout_s=_PING_RETRY_S * 4):
+                if await self.ping(peer, timeout_s=_PING_RETRY_S * 4) == "answered":
                     waiting.discard(peer)
             if waiting and time.monotonic() > deadline:
                 raise StageError(f"peers {', '.join(map(str, sorted(waiting, key=str)))} did not come up "
@@ -263,12 +273,16 @@ class NeighbourStreams:
             if waiting:
                 await asyncio.sleep(_PING_RETRY_S)
 
-    async def answers(self, peer: PeerID, *, timeout_s: float) -> bool:
-        """Whether the peer's stage handlers answer a ping within `timeout_s`: alive and serving this swarm."""
+    async def ping(self, peer: PeerID, *, timeout_s: float) -> Ping:
+        """`answered`; `failed` when no connection to the peer's daemon could be made (it refused, or is gone);
+        otherwise `late`, which proves nothing: the deadline passed first (a busy peer, or a ping queued behind bulk
+        data on a slow link), or the daemon answered but the handler did not (a peer switching plans)."""
         stub = ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
         try:
             await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=timeout_s)
-            return True
-        except Exception as e:  # dead, not up yet, or not found by peer routing yet
+            return "answered"
+        except TimeoutError:
+            return "late"
+        except Exception as e:
             logger.debug(f"{peer} does not answer a ping: {e!r}")
-            return False
+            return "failed" if _DIAL_FAILED.search(str(e)) else "late"  # a handler between plans proves nothing

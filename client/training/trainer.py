@@ -58,9 +58,10 @@ class TrainerConfig:
     driven without a Volunteer (which is what publishes the version)."""
     heartbeat_s: float = 2.0
     """While training, the peers this stage talks to are pinged this often, with a deadline of the same length:
-    a dead peer's stream may hang for the whole frame timeout, a missed ping shows within seconds."""
+    a stream to a dead peer may hang for the whole frame timeout, a failed ping shows within seconds."""
     heartbeat_misses: int = 2
-    """Missed pings in a row after which a peer is reported unreachable to the coordinator."""
+    """Failed pings in a row after which a peer is reported unreachable to the coordinator. Only failures count,
+    not late answers: on a slow link a ping waits behind activations, and a busy peer answers late."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
@@ -203,19 +204,18 @@ class Trainer:
         self.worker = None
 
     async def _watch_peers(self, worker: StageWorker, assignment: Assignment) -> None:
-        """Pings the peers this stage talks to every heartbeat; those that missed `heartbeat_misses` pings in a row
-        are reported unreachable at once (and again whenever that set changes)."""
+        """Pings the peers this stage talks to every heartbeat; those whose pings failed `heartbeat_misses` times in a
+        row are reported unreachable at once (and again whenever that set changes)."""
         peers = sorted(_talks_to(assignment, assignment.roles[self.node.peer_id], self.node.peer_id))
         misses, reported = dict.fromkeys(peers, 0), set()
         while peers:
             await asyncio.sleep(self.config.heartbeat_s)
-            answered = await asyncio.gather(*(worker.streams.answers(PeerID.from_base58(peer),
-                                                                     timeout_s=self.config.heartbeat_s)
-                                              for peer in peers))
-            misses = {peer: 0 if ok else misses[peer] + 1 for peer, ok in zip(peers, answered)}
+            pings = await asyncio.gather(*(worker.streams.ping(PeerID.from_base58(peer), timeout_s=self.config.heartbeat_s)
+                                           for peer in peers))
+            misses = {peer: misses[peer] + 1 if ping == "failed" else 0 for peer, ping in zip(peers, pings)}
             silent = {peer for peer, count in misses.items() if count >= self.config.heartbeat_misses}
             if silent and silent != reported:
-                error = StageError(f"{', '.join(sorted(silent))} missed {self.config.heartbeat_misses} pings in a row",
+                error = StageError(f"{', '.join(sorted(silent))} failed {self.config.heartbeat_misses} pings in a row",
                                    peers=sorted(silent))
                 logger.warning(f"Reporting unreachable peers: {error}")
                 self._report_trouble(worker, assignment, self._step, "retrying", error)
