@@ -273,10 +273,11 @@ class NeighbourStreams:
             if waiting:
                 await asyncio.sleep(_PING_RETRY_S)
 
-    async def ping(self, peer: PeerID, *, timeout_s: float) -> Ping:
+    async def ping(self, peer: PeerID, *, timeout_s: float | None) -> Ping:
         """`answered`; `failed` when no connection to the peer's daemon could be made (it refused, or is gone);
         otherwise `late`, which proves nothing: the deadline passed first (a busy peer, or a ping queued behind bulk
-        data on a slow link), or the daemon answered but the handler did not (a peer switching plans)."""
+        data on a slow link), or the daemon answered but the handler did not (a peer switching plans). With no
+        deadline (None) the call is never cancelled; it ends when the daemon answers or gives up."""
         stub = ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
         try:
             await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=timeout_s)

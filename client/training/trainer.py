@@ -57,8 +57,8 @@ class TrainerConfig:
     """How long a new worker waits for its neighbours and group to announce the same plan version; 0 for peers
     driven without a Volunteer (which is what publishes the version)."""
     heartbeat_s: float = 2.0
-    """While training, the peers this stage talks to are pinged this often, with a deadline of the same length:
-    a stream to a dead peer may hang for the whole frame timeout, a failed ping shows within seconds."""
+    """While training, the peers this stage talks to are pinged this often: a stream to a dead peer may hang for
+    the whole frame timeout, a failed ping shows within seconds."""
     heartbeat_misses: int = 2
     """Failed pings in a row after which a peer is reported unreachable to the coordinator. Only failures count,
     not late answers: on a slow link a ping waits behind activations, and a busy peer answers late."""
@@ -205,14 +205,24 @@ class Trainer:
 
     async def _watch_peers(self, worker: StageWorker, assignment: Assignment) -> None:
         """Pings the peers this stage talks to every heartbeat; those whose pings failed `heartbeat_misses` times in a
-        row are reported unreachable at once (and again whenever that set changes)."""
+        row are reported unreachable at once (and again whenever that set changes).
+
+        A ping is never cancelled: one still in flight at the next heartbeat just counts as late, and no second one
+        is sent to that peer. (hivemind 1.1.12's control client can lose its connection to p2pd when a unary call it
+        is answering was cancelled by a timeout a moment before: `_read_from_persistent_conn` then sets a result on
+        a cancelled future and dies, and every later call on that daemon hangs.)"""
         peers = sorted(_talks_to(assignment, assignment.roles[self.node.peer_id], self.node.peer_id))
         misses, reported = dict.fromkeys(peers, 0), set()
+        in_flight: dict[str, asyncio.Task] = {}
         while peers:
             await asyncio.sleep(self.config.heartbeat_s)
-            pings = await asyncio.gather(*(worker.streams.ping(PeerID.from_base58(peer), timeout_s=self.config.heartbeat_s)
-                                           for peer in peers))
-            misses = {peer: misses[peer] + 1 if ping == "failed" else 0 for peer, ping in zip(peers, pings)}
+            for peer in peers:
+                ping = in_flight.get(peer)
+                if ping is not None and not ping.done():
+                    continue  # late: says nothing
+                if ping is not None:
+                    misses[peer] = misses[peer] + 1 if ping.result() == "failed" else 0
+                in_flight[peer] = asyncio.create_task(worker.streams.ping(PeerID.from_base58(peer), timeout_s=None))
             silent = {peer for peer, count in misses.items() if count >= self.config.heartbeat_misses}
             if silent and silent != reported:
                 error = StageError(f"{', '.join(sorted(silent))} failed {self.config.heartbeat_misses} pings in a row",
