@@ -9,7 +9,6 @@ exactly once, and the retries and resyncs must show in the reports. Final parame
 a fault-free run of the same swarm: the single-process reference differs from any distributed run by summation
 order, which AdamW amplifies on near-zero gradients beyond 1e-5 within a few steps, so it is checked loosely.
 """
-import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.training_process import Fault, TrainJob, run_training_process
+from tests.helpers.training_process import Fault, TrainJob, run_training_processes
 from tests.test_training_correctness import D_DP, D_PP, SEED, TINY, _assignment
 
 SWARM = "faults"
@@ -58,14 +57,8 @@ def _run_swarm(tmp: Path, fault: Fault) -> list[dict]:
                          fault_at=(DIVERGE_STEP if fault is Fault.REPLICA_DIVERGES else FAULT_STEP,
                                    FAULT_MICRO_BATCH))
                 for i, path in enumerate(identities)]
-        spawn = multiprocessing.get_context("spawn")
-        processes = [spawn.Process(target=run_training_process, args=(job,), daemon=False) for job in jobs]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(timeout=100)
-        assert [process.exitcode for process in processes] == [0] * len(processes), "a training process failed"
-        return [torch.load(job.output_path) | {"faulty": i == faulty} for i, job in enumerate(jobs)]
+        saved = run_training_processes(jobs, timeout_s=100)
+        return [state | {"faulty": i == faulty} for i, state in enumerate(saved)]
     finally:
         bootstrap.shutdown()
         reap_children()

@@ -5,7 +5,6 @@ DHT node and p2p daemon, bootstrapped from a DHT node in this process. They foll
 train 30 steps; the first step's loss and every parameter's gradient after the group all-reduce must equal
 ``reference_step`` on the same batch within 1e-5 (design.md, training correctness).
 """
-import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
 from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.training_process import TrainJob, run_training_process
+from tests.helpers.training_process import TrainJob, run_training_processes
 
 SWARM = "correctness"
 TINY = get_model_config("tiny")
@@ -56,14 +55,7 @@ def swarm_results(tmp_path_factory) -> list[dict]:
                          steps=STEPS, seed=SEED, output_path=tmp / f"peer{i}.pt", save_first_grads=True,
                          config=CONFIG, torch_threads=1)
                 for i, path in enumerate(identities)]
-        spawn = multiprocessing.get_context("spawn")
-        processes = [spawn.Process(target=run_training_process, args=(job,), daemon=False) for job in jobs]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(timeout=150)
-        assert [process.exitcode for process in processes] == [0] * len(processes), "a training process failed"
-        return [torch.load(job.output_path) for job in jobs]
+        return run_training_processes(jobs, timeout_s=150)
     finally:
         bootstrap.shutdown()
         reap_children()

@@ -12,6 +12,7 @@ at one chosen step and micro-batch, on the first attempt only.
 import asyncio
 import enum
 import logging
+import multiprocessing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -185,3 +186,15 @@ def _inject(worker, job: TrainJob) -> None:
             return result
 
         worker.optimizer.step = step_then_corrupt
+
+
+def run_training_processes(jobs: list[TrainJob], *, timeout_s: float) -> list[dict]:
+    """Runs every job in its own spawned process (a peer each), waits for all, and returns what each saved."""
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=run_training_process, args=(job,), daemon=False) for job in jobs]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=timeout_s)
+    assert [process.exitcode for process in processes] == [0] * len(processes), "a training process failed"
+    return [torch.load(job.output_path) for job in jobs]
