@@ -37,12 +37,13 @@ from hetswarm.coordinator.run_state import (
     save_state,
     standing,
     start_step,
-    write_json,
 )
+from hetswarm.coordinator.state_plan import checkpoint_plan, plan_state
+from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, PeerRecord, PeerRole, Progress
+from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, PeerRole, Progress
 
 __all__ = ["BroadcastConfig", "Broadcaster", "build_assignment", "troubles"]
 
@@ -68,8 +69,16 @@ class BroadcastConfig:
     state_path: Path | None = None
     """Where the version counter, the remembered step and the plan in force survive a restart (`state_path_for`
     of the identity file); None keeps nothing, as for a throw-away identity."""
+    checkpoint_every: int = 50
+    """Steps between checkpoints, for the peers that keep them (coordinator/state_plan.py)."""
+    lost_state_wait_s: float = 120.0
+    """How long a plan waits for a peer that holds layers nobody else holds (a replica that comes back, or a
+    checkpoint) before those layers start again from the seed."""
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or self.lost_state_wait_s < 0:
+            raise ConfigError(f"need checkpoint_every >= 1 and lost_state_wait_s >= 0, got {self.checkpoint_every} "
+                              f"and {self.lost_state_wait_s}")
         if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
             raise ConfigError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
                              f"request_timeout_s={self.request_timeout_s}")
@@ -89,7 +98,8 @@ def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[s
     return unreachable, stalled
 
 
-def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int) -> Assignment:
+def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int,
+                     handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None) -> Assignment:
     """The signed record clients follow, from a priced proposal."""
     d_pp, d_dp = proposal.plan.grid.shape
     pipelines = proposal.pipelines
@@ -109,6 +119,8 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         step=step,
         reason=reason[:256],
         issued_at=get_dht_time(),
+        handoff=handoff,
+        checkpoints=checkpoints,
     )
 
 
@@ -130,6 +142,11 @@ class Broadcaster:
         self._published_at = -math.inf
         self._saved_at = -math.inf
         self._saved: CoordinatorState | None = state
+        self._peers: dict[str, PeerRecord] = {}
+        """The peers' records of the last read."""
+        self._pending: tuple[Proposal, str] | None = None
+        """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
+        self._state_missing_since: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Plans and publishes until `stop` is set."""
@@ -138,12 +155,13 @@ class Broadcaster:
             while not stop.is_set():
                 records = await self._read(PEERS_FIELD)
                 if records is not None:
+                    self._peers = records
                     self._keep_above(highest_followed_version(records))
                     if self._taking_over is not None:
                         self._take_over(records)
                     decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
-                    if decision is not None:
-                        await self._announce(*decision, version=self.state.version + 1)
+                    if decision is not None or self._pending is not None:
+                        await self._announce(*(decision or self._pending), version=self.state.version + 1)
                 await self._track_progress()
                 if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
                     await self._publish()
@@ -197,10 +215,23 @@ class Broadcaster:
             self.state = replace(self.state, version=version)
 
     async def _announce(self, proposal: Proposal, reason: str, *, version: int) -> None:
-        progress = await self._read(PROGRESS_FIELD)
-        step = start_step(self.state.assignment, progress or {}, remembered=self.state.step)
-        self.assignment = build_assignment(proposal, coordinator_id=self.coordinator_id, version=version,
-                                           reason=reason, step=step)
+        progress = await self._read(PROGRESS_FIELD) or {}
+        alive = proposal.peers  # in view and not reported unreachable
+        origin = plan_state(
+            previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
+            live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
+            n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s)
+        if isinstance(origin, str):
+            if self._pending is None:
+                logger.warning(f"Not publishing the plan ({reason}): {origin}")
+            self._pending = (proposal, reason)
+            return
+        self._pending, self._state_missing_since = None, None
+        step, reason = origin.step, f"{origin.note}; {reason}" if origin.note else reason
+        self.assignment = build_assignment(
+            proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
+            handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
+                                                               self.config.checkpoint_every))
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)
         d_pp, d_dp = proposal.plan.grid.shape
@@ -210,6 +241,12 @@ class Broadcaster:
         if self.config.save_plan is not None:
             write_json(self.config.save_plan, proposal.to_dict() | {
                 "version": version, "reason": reason, "coordinator_id": self.coordinator_id})
+
+    def _waited_for_state(self) -> float:
+        """Seconds this coordinator has been waiting for the state of some layers (0 on the first try)."""
+        if self._state_missing_since is None:
+            self._state_missing_since = time.monotonic()
+        return time.monotonic() - self._state_missing_since
 
     async def _track_progress(self) -> None:
         """Remembers how far the plan in force got, so that the next plan starts there even once the members'

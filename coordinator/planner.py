@@ -268,7 +268,8 @@ class Replanner:
     def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
         self._suspects = {peer: until for peer, until in self._suspects.items() if until > now}
-        members = frozenset(trainable_peers(records)) - frozenset(self._suspects)
+        records = {peer: record for peer, record in records.items() if peer not in self._suspects}  # not even standby
+        members = frozenset(trainable_peers(records))
         if members != self._members:
             self._members, self._changed_at = members, now
         if self._trouble and self.current is not None:

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
 __all__ = ["CoordinatorState", "Standing", "highest_followed_version", "load_state", "save_state", "standing",
-           "start_step", "state_path_for", "write_json"]
+           "start_step", "state_path_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,25 +83,30 @@ def save_state(path: Path, state: CoordinatorState) -> None:
     write_json(path, state.to_dict(), durable=True)
 
 
-def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, remembered: int = 0) -> int:
-    """The step a new plan starts at: one past the last step the current plan's members reported under it.
+def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, remembered: int = 0,
+               alive: Collection[str] | None = None) -> int:
+    """The step a new plan starts at: one past the last step that every surviving member of the current plan
+    reported applying under it.
 
-    A Progress step is the last step its peer completed (and steps are applied by the whole plan or by nobody), and
-    a plan trains its `step` first (client/training/trainer.py), so the next plan starts at that + 1. Only members
-    count, under the current version: anyone can publish Progress, and a member's record of an older plan says
-    nothing about this one. Never below the current plan's own start or `remembered` (what the coordinator already
-    knew), so that expired records cannot send training back.
+    Steps are applied by the whole plan or by nobody, but a peer applies one as soon as it has every vote, so at the
+    end of a plan its members may be one step apart; the lower step is the one they all hold (each keeps its last
+    two states, client/training/state_handoff.py). A Progress step is the last step its peer applied when its
+    health is `training`, and the step it is stuck at otherwise. Only members count, under the current version:
+    anyone can publish Progress, and a member's record of an older plan says nothing about this one. Never below
+    the current plan's own start or `remembered` (what the coordinator already knew), so that expired records
+    cannot send training back.
 
     Args:
         progress: Progress records by the peer id that signed them.
+        alive: the members still in view; None counts every member.
     """
     floor = max(remembered, current.step if current is not None else 0)
     if current is None:
         return floor
-    reported = [record.step for signer, record in progress.items() if signer == record.peer_id
-                and signer in current.roles and record.assignment_version == current.version
-                and record.health == "training"]  # a retrying or stalled peer reports the step it is stuck at
-    return max([floor] + [step + 1 for step in reported])
+    applied = [record.step if record.health == "training" else record.step - 1
+               for signer, record in progress.items() if signer == record.peer_id and signer in current.roles
+               and record.assignment_version == current.version and (alive is None or signer in alive)]
+    return max(floor, min(applied) + 1) if applied else floor
 
 
 Standing = Literal["in force", "superseded", "abandoned"]
@@ -121,22 +126,3 @@ def standing(plan: Assignment, records: Mapping[str, PeerRecord]) -> Standing:
 def highest_followed_version(records: Mapping[str, PeerRecord]) -> int:
     """The highest assignment version any peer says it follows: a new version must be above it to be followed."""
     return max((r.assignment_version or 0 for r in records.values()), default=0)
-
-
-def write_json(path: Path, data: dict, *, durable: bool = False) -> None:
-    """Written whole or not at all: readers never see half a plan; `durable` also survives a power cut (fsync of
-    the file before the rename and of the folder after it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w") as file:
-        json.dump(data, file, indent=1)
-        if durable:
-            file.flush()
-            os.fsync(file.fileno())
-    os.replace(partial, path)
-    if durable:
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)

@@ -54,6 +54,11 @@ def replica_namespace(swarm: str, stage: int) -> str:
     return f"{allreduce_namespace(swarm, stage)}_replicas"
 
 
+def state_namespace(swarm: str) -> str:
+    """Handlers that serve the training state a peer holds (its stages' last committed states, its checkpoints)."""
+    return f"{check_swarm_name(swarm)}.state"
+
+
 def short_id(peer_id: str) -> str:
     """The last six characters of a peer id, as tables and logs show it."""
     return "…" + peer_id[-6:]

@@ -12,6 +12,9 @@ MAX_PEERS_PER_ASSIGNMENT = 512
 MAX_UNREACHABLE_PER_RECORD = 16
 """Peers one Progress record may name as unreachable."""
 
+MAX_CHECKPOINTS_PER_RECORD = 8
+"""Checkpoints one PeerRecord may list."""
+
 FRAME_PART_BYTES = 2 * 1024 * 1024
 """Tensor bytes per stream message of an activation or gradient frame (hivemind: keep messages under 4 MiB)."""
 

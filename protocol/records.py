@@ -10,14 +10,22 @@ from dataclasses import replace
 from typing import Literal
 
 import pydantic.v1 as pydantic
-from pydantic.v1 import StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
+from pydantic.v1 import StrictBool, StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
 
-from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_PEERS_PER_ASSIGNMENT, MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.limits import (
+    MAX_CHECKPOINTS_PER_RECORD,
+    MAX_LINKS_PER_RECORD,
+    MAX_PEERS_PER_ASSIGNMENT,
+    MAX_UNREACHABLE_PER_RECORD,
+)
 from hetswarm.protocol.model_config import ModelConfig
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
 Health = Literal["training", "retrying", "stalled"]
+StateOrigin = Literal["seed", "kept", "handed off", "checkpoint"]
+"""Where a stage's state came from when its plan started: the seed, this peer's own state, other peers' (a
+hand-off), or checkpoints (a resume)."""
 """Of a training peer: committing steps; failing attempts of a step and retrying it; given up on this plan."""
 
 _PeerIdStr = constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
@@ -57,6 +65,14 @@ class PeerRole(_Record):
     replica: conint(strict=True, ge=0)
 
 
+class CheckpointInfo(_Record):
+    """A checkpoint a peer holds on disk: the state of layers [a, b) ready for `step`
+    (client/training/checkpoints.py)."""
+
+    step: conint(strict=True, ge=1)
+    layers: conlist(conint(strict=True, ge=0), min_items=2, max_items=2)
+
+
 class PeerRecord(_Record):
     """What a volunteer says about itself; refreshed every T/2 and expiring after T when it falls silent."""
 
@@ -73,6 +89,11 @@ class PeerRecord(_Record):
     """Version of the pinned coordinator's plan this peer follows; None before it has accepted one."""
     role: PeerRole | None = None
     """This peer's (stage, replica) in that plan; None while a standby."""
+    checkpointing: StrictBool = False
+    """Whether this peer writes checkpoints when the plan asks it to (`hetswarm join --checkpoint-dir`)."""
+    checkpoints: conlist(CheckpointInfo, max_items=MAX_CHECKPOINTS_PER_RECORD) = pydantic.Field(default_factory=list)
+    """The checkpoints of this swarm it holds, newest first; a swarm whose replicas of some layers are all gone
+    resumes from them."""
     updated_at: StrictFloat
 
     @pydantic.validator("links")
@@ -80,6 +101,28 @@ class PeerRecord(_Record):
         if len(links) > MAX_LINKS_PER_RECORD:
             raise ValueError(f"{len(links)} links exceed the limit of {MAX_LINKS_PER_RECORD}")
         return links
+
+
+class Handoff(_Record):
+    """Where the state of a plan that starts mid-run comes from (client/training/state_handoff.py)."""
+
+    sources: conlist(_PeerIdStr, max_items=MAX_PEERS_PER_ASSIGNMENT)
+    """Peers that hold the state ready for the plan's step (replicas of the previous plan, or checkpoint holders);
+    a peer that does not hold its stage's state at that step fetches it from them and from the plan's peers."""
+    seeded_layers: list[conlist(conint(strict=True, ge=0), min_items=2, max_items=2)] = pydantic.Field(
+        default_factory=list)
+    """Layer ranges no peer holds any more (no replica, no checkpoint): they start again from the seed."""
+    resumed_from_checkpoint: StrictBool = False
+
+
+class CheckpointPlan(_Record):
+    """Who writes checkpoints and how often: one replica per stage is enough."""
+
+    savers: list[_PeerIdStr | None]
+    """Stage s's saver, or None when no replica of that stage keeps checkpoints."""
+    every: conint(strict=True, ge=1)
+    """Steps between checkpoints: a checkpoint is written of the state ready for each step that is a multiple of
+    this, so that the stages' checkpoints meet at the same steps."""
 
 
 class Assignment(_Record):
@@ -103,6 +146,9 @@ class Assignment(_Record):
     """Optimizer step the plan starts at (learning-rate schedule position)."""
     reason: constr(strict=True, max_length=256)
     issued_at: StrictFloat
+    handoff: Handoff | None = None
+    """None: every stage starts from the seed (a fresh run)."""
+    checkpoints: CheckpointPlan | None = None
 
     def model_config(self) -> ModelConfig:
         """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.
@@ -126,6 +172,9 @@ class Assignment(_Record):
                 role = roles.get(peer)
                 if role is None or (role.stage, role.replica) != (stage, replica):
                     raise ValueError(f"pipeline {replica} stage {stage}: {peer} has no matching role")
+        checkpoints = values.get("checkpoints")
+        if checkpoints is not None and len(checkpoints.savers) != d_pp:
+            raise ValueError(f"expected a checkpoint saver entry for each of {d_pp} stages")
         return values
 
 
@@ -152,4 +201,9 @@ class Progress(_Record):
     """Why this peer is retrying or stalled."""
     unreachable: conlist(_PeerIdStr, max_items=MAX_UNREACHABLE_PER_RECORD) = pydantic.Field(default_factory=list)
     """Peers of the plan that this peer could not reach or hear from in its last failed attempt."""
+    state_origin: StateOrigin | None = None
+    """Where this peer's stage state came from when the plan started."""
+    handoff_bytes: conint(strict=True, ge=0) = 0
+    """Bytes this peer downloaded to take over its stage under this plan (0 when it kept or seeded it)."""
+    handoff_s: _NonNegative = 0.0
     updated_at: StrictFloat

@@ -42,7 +42,7 @@ from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+from hetswarm.protocol.records import Assignment, Health, PeerRecord, Progress
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.swarm_records import IDS, link, record
 from tests.helpers.waiting import wait_until
@@ -71,14 +71,14 @@ def plan(version: int = 7, step: int = 5, *, d_dp: int = 2, d_pp: int = 2) -> As
                             step=step)
 
 
-def progress(peer: str, *, version: int, step: int) -> Progress:
+def progress(peer: str, *, version: int, step: int, health: Health = "training") -> Progress:
     return Progress(peer_id=peer, assignment_version=version, step=step, loss=None, tokens_per_s=1.0,
-                    compute_s=0.1, wait_s=0.0, updated_at=get_dht_time())
+                    compute_s=0.1, wait_s=0.0, health=health, updated_at=get_dht_time())
 
 
 # ---- the step belongs to the plan ----
 
-def test_a_new_plan_starts_after_the_last_step_its_members_committed_and_strangers_do_not_count():
+def test_a_new_plan_starts_after_the_last_step_all_its_surviving_members_applied_and_strangers_do_not_count():
     current = plan(version=7, step=5)
     a, b, c, _ = sorted(current.roles)
     reports = {
@@ -87,7 +87,10 @@ def test_a_new_plan_starts_after_the_last_step_its_members_committed_and_strange
         c: progress(c, version=6, step=50),  # a member's record of the previous plan says nothing about this one
         STRANGER: progress(STRANGER, version=7, step=10**12),  # not a member: ignored, however far it claims
     }
-    assert start_step(current, reports) == 10  # step 9 is done; the plan trains its `step` first
+    assert start_step(current, reports) == 9  # every member applied step 8 (a also 9); the plan trains its `step` first
+    assert start_step(current, reports, alive={a, c}) == 10  # b is gone: a's step 9 is the one the survivors hold
+    stuck = {a: progress(a, version=7, step=9, health="retrying"), b: progress(b, version=7, step=9)}
+    assert start_step(current, stuck) == 9  # a is stuck at step 9: it applied 8 only
 
 
 def test_the_start_step_never_goes_back():

@@ -75,6 +75,9 @@ def join(
     seed: Annotated[int, typer.Option(help="With --coordinator: model and data seed, the same on every peer.")] = 0,
     torch_threads: Annotated[Optional[int], typer.Option(help="Cap torch's CPU threads (several clients on "
                                                               "one machine).")] = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option(help="With --coordinator: keep checkpoints of this "
+                                                                "peer's stage here, when the plan asks it to, and "
+                                                                "offer them to resume the run.")] = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
@@ -97,7 +100,8 @@ def join(
     if emulation is not None and site is None:
         raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
     training = TrainingSetup(data_path=data, seed=seed, torch_threads=torch_threads,
-                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl)) if coordinator else None
+                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl, checkpoint_dir=checkpoint_dir)
+                             ) if coordinator else None
     processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
                    training=training, metrics=metrics_address(metrics_port, metrics_host))
 

@@ -53,6 +53,10 @@ def coordinator(
     improvement: Annotated[float, typer.Option(help="Re-plan on the same peers only if this fraction faster.")] = 0.1,
     reconsider: Annotated[float, typer.Option(help="Seconds between checks for a clearly better plan.")] = 30.0,
     save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints of the peers that keep them "
+                                                       "(hetswarm join --checkpoint-dir).")] = 50,
+    lost_state_wait: Annotated[float, typer.Option(help="Seconds to wait for a peer holding layers nobody else "
+                                                        "holds before they restart from the seed.")] = 120.0,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
@@ -76,7 +80,8 @@ def coordinator(
         measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider,
     )
     broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
-                                       state_path=state_path_for(identity_path) if identity_path else None)
+                                       state_path=state_path_for(identity_path) if identity_path else None,
+                                       checkpoint_every=checkpoint_every, lost_state_wait_s=lost_state_wait)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     run_coordinator(node_config, planner_config, broadcast_config, metrics=metrics_address(metrics_port, metrics_host))

@@ -88,8 +88,10 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                 report_reachability(node.p2p, node.records, me=node.peer_id, namespace=namespace))
             trainer = training.build(node, torch_device) if training else None
             try:
+                keeps_checkpoints = trainer is not None and trainer.checkpoints is not None
                 volunteer = Volunteer(node, hardware, volunteer_config,
-                                      on_assignment=trainer.follow if trainer else None)
+                                      on_assignment=trainer.follow if trainer else None,
+                                      checkpoints=trainer.checkpoint_infos if keeps_checkpoints else None)
                 if metrics_server is not None:
                     metrics_server.register(ClientCollector(volunteer, trainer))
                 await volunteer.run(stop)

@@ -28,7 +28,7 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import probe_namespace, short_id
-from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, PeerState
+from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +74,17 @@ class Volunteer:
     """A peer's life in the swarm (module docstring).
 
     Args:
+        checkpoints: the checkpoints this peer holds, for its record; None when it keeps none.
         on_assignment: awaited as a task with each newly accepted assignment of the pinned coordinator (never with
             an older or equal version); the poll loop does not wait for it. Its failures are logged; tasks still
             running when the volunteer stops are cancelled.
     """
 
     def __init__(self, node: SwarmNode, hardware: Hardware, config: VolunteerConfig, *,
-                 on_assignment: OnAssignment | None = None):
+                 on_assignment: OnAssignment | None = None,
+                 checkpoints: Callable[[], list[CheckpointInfo]] | None = None):
         self.node, self.hardware, self.config = node, hardware, config
+        self._checkpoints = checkpoints
         self.follower = AssignmentFollower(config.coordinator, node.peer_id) if config.coordinator else None
         self._on_assignment = on_assignment
         self._hook_tasks: set[asyncio.Task] = set()
@@ -117,6 +120,8 @@ class Volunteer:
             site=self.config.site,
             assignment_version=self.follower.current.version if self.follower and self.follower.current else None,
             role=role,
+            checkpointing=self._checkpoints is not None,
+            checkpoints=self._checkpoints() if self._checkpoints is not None else [],
             updated_at=get_dht_time(),
         )
 

@@ -20,6 +20,7 @@ computes. On CUDA the forward pass runs under bf16 autocast with fp32 weights; e
 peer is moved to the CPU first.
 """
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -137,11 +138,11 @@ class StageWorker:
         self._compute_s = self._wait_s = 0.0  # of the step being run
 
     async def close(self) -> None:
-        """Stops serving this stage's handlers (a new assignment builds a new worker)."""
-        await self.streams.detach()
-        await self.group.detach()
-        await self.board.detach()
-        await self.replicas.detach()
+        """Stops serving this stage's handlers (a new assignment builds a new worker); each part on its own, so that
+        one never attached (a start that failed half-way) does not keep the others registered."""
+        for part in (self.streams, self.group, self.board, self.replicas):
+            with contextlib.suppress(Exception):
+                await part.detach()
 
     async def run_step(self, step: int) -> StepReport:
         """Trains one step, retrying it under new attempt numbers until the whole plan commits it; steps must come
@@ -333,11 +334,16 @@ async def start_stage(
                            timeout_s=config.commit_timeout_s)
 
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
-    await board.attach()  # before the streams: a peer that answers a ping serves every handler
-    await replicas.attach()
-    await group.attach()
-    await streams.attach()
-    await streams.wait_for([peer for peer in (previous, following, *members) if peer], config.start_timeout_s)
-    return StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
+    worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
                        config=config, optimizer=optimizer)
+    try:
+        await board.attach()  # before the streams: a peer that answers a ping serves every handler
+        await replicas.attach()
+        await group.attach()
+        await streams.attach()
+        await streams.wait_for([peer for peer in (previous, following, *members) if peer], config.start_timeout_s)
+    except BaseException:  # its handler names must be free for the next plan's worker
+        await worker.close()
+        raise
+    return worker

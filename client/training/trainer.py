@@ -28,12 +28,22 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.node import SwarmNode
+from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import CommitUnknown, StageError
+from hetswarm.client.training.stage_state import StageState, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
+from hetswarm.client.training.state_handoff import (
+    HandoffReport,
+    StateServer,
+    StateStore,
+    agree_on_step,
+    fetch_state,
+)
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.limits import MAX_UNREACHABLE_PER_RECORD
-from hetswarm.protocol.records import Assignment, Health, PeerRole, Progress
+from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRole, Progress, StateOrigin
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
 
@@ -62,6 +72,12 @@ class TrainerConfig:
     heartbeat_misses: int = 2
     """Failed pings in a row after which a peer is reported unreachable to the coordinator. Only failures count,
     not late answers: on a slow link a ping waits behind activations, and a busy peer answers late."""
+    checkpoint_dir: Path | None = None
+    """Where this peer keeps checkpoints (client/training/checkpoints.py); None: it writes none."""
+    handoff_timeout_s: float = 600.0
+    """Deadline of one unit's download when taking over a stage's state."""
+    agree_timeout_s: float = 30.0
+    """How long a peer starting a hand-off plan waits for the plan's state sources to say which step they hold."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
@@ -111,8 +127,6 @@ class Trainer:
         self.last_report: StepReport | None = None
         self.finished = asyncio.Event()
         """Set once the loop of the current assignment has reached ``max_steps``."""
-        self._trained: tuple[int, StageWorker] | None = None
-        """The last worker that trained (open or closed) and its stage: what a new worker of that stage resumes."""
         self._loop_task: asyncio.Task | None = None
         self._published: tuple[int, int] = (-1, -1)
         """(assignment version, step) of the last Progress record submitted."""
@@ -120,6 +134,18 @@ class Trainer:
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
         self._step = 0
         """The step the training loop is on, for reports made beside it (the heartbeat)."""
+        checkpoints = CheckpointDir(config.checkpoint_dir, node.config.swarm) if config.checkpoint_dir else None
+        self.store = StateStore(checkpoints)
+        """The states this peer hands off to others: its last committed ones and its checkpoints."""
+        self._server = StateServer(node.p2p, self.store, namespace=state_namespace(node.config.swarm))
+        self._serving = False
+        self.checkpoints = CheckpointWriter(checkpoints) if checkpoints is not None else None
+        self.origin: tuple[StateOrigin, HandoffReport] | None = None
+        """Where the current stage's state came from, and what moved."""
+
+    def checkpoint_infos(self) -> list[CheckpointInfo]:
+        """The checkpoints this peer holds, for its record (blocking: reads the folder)."""
+        return self.checkpoints.checkpoints.infos() if self.checkpoints is not None else []
 
     async def follow(self, assignment: Assignment) -> None:
         """Trains this peer's part of ``assignment`` until a newer one arrives, max_steps is reached, or too
@@ -127,21 +153,27 @@ class Trainer:
         if self.assignment is not None and assignment.version <= self.assignment.version:
             return
         self.assignment = assignment
+        if self._loop_task is not None:  # an older plan's training, or its switch still waiting for peers or state
+            self._loop_task.cancel()
         async with self._switching:  # one switch at a time, in version order
             if assignment is not self.assignment:
                 return  # an even newer version arrived while we waited
+            if not self._serving:
+                await self._server.attach()
+                self._serving = True
             if self._loop_task is not None:
-                self._loop_task.cancel()
                 await asyncio.gather(self._loop_task, return_exceptions=True)
             self.finished.clear()
             self._loop_task = asyncio.current_task()
             try:
-                worker = await self._switch_worker(assignment)
+                started = await self._switch_worker(assignment)
             except StageError as e:
                 logger.warning(f"Could not start the stage of assignment {assignment.version}: {e}; "
                                f"waiting for a new assignment")
+                self._report_trouble(assignment, assignment.step, "stalled", e)
                 return
-        if worker is not None:
+        if started is not None:
+            worker, assignment = started
             heartbeat = asyncio.create_task(self._watch_peers(worker, assignment))
             try:
                 await self._train(worker, assignment)
@@ -155,31 +187,80 @@ class Trainer:
                 self._loop_task.cancel()
                 await asyncio.gather(self._loop_task, return_exceptions=True)
             await self._close_worker()
+            if self._serving:
+                with contextlib.suppress(Exception):
+                    await self._server.detach()
+        if self.checkpoints is not None:
+            await self.checkpoints.close()
         await self._progress.close()
 
-    async def _switch_worker(self, assignment: Assignment) -> StageWorker | None:
-        """Closes the old worker and starts the one this assignment asks for; None when this peer is a standby."""
+    async def _switch_worker(self, assignment: Assignment) -> tuple[StageWorker, Assignment] | None:
+        """Closes the old worker and starts the one this assignment asks for; None when this peer is a standby.
+        The assignment returned carries the step the plan really starts at (`_start_step`)."""
         role = assignment.roles.get(self.node.peer_id)
         await self._close_worker()
+        self.store.version = assignment.version  # our states of older plans are final now
         if role is None:
             logger.info(f"Assignment {assignment.version}: standby (no role in this plan)")
             return None
+        started = asyncio.get_running_loop().time()
+        assignment = assignment.copy(update={"step": await self._start_step(assignment)})
         logger.info(f"Assignment {assignment.version}: stage {role.stage} of pipeline {role.replica}, "
                     f"from step {assignment.step}")
-        started = asyncio.get_running_loop().time()
         await self._wait_for_peers(assignment, role)
         logger.debug(f"Peers on version {assignment.version} after {asyncio.get_running_loop().time() - started:.1f} s")
+        state = await self._state_for(assignment, role)
         wire_bytes = assignment.model_config().activation_bytes_per_value
         stage_config = replace(self.config.stage, wire_dtype=_WIRE_DTYPES.get(wire_bytes, torch.float32))
-        worker = await _start_uncancelled(start_stage(
+        worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_worker.py)
             assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
-            data=self.data, seed=self.seed, config=stage_config))
-        if self._trained is not None and self._trained[0] == role.stage:  # same layers: keep what was learned
-            worker.module.load_state_dict(self._trained[1].module.state_dict())
-            worker.optimizer.load_state_dict(self._trained[1].optimizer.state_dict())
-        self.worker, self._trained = worker, (role.stage, worker)
+            data=self.data, seed=self.seed, config=stage_config)
+        if state is not None:
+            state.apply(worker.module, worker.optimizer)
+        self.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,
+                                                    assignment.step))
         logger.info(f"Stage {role.stage} ready after {asyncio.get_running_loop().time() - started:.1f} s")
-        return worker
+        return worker, assignment
+
+    async def _start_step(self, assignment: Assignment) -> int:
+        """The plan's step; for a hand-off, the newest step all its sources hold (state_handoff.agree_on_step)."""
+        handoff = assignment.handoff
+        if handoff is None or handoff.resumed_from_checkpoint or not handoff.sources:
+            return assignment.step
+        agreed = await agree_on_step(self.node.p2p, [PeerID.from_base58(peer) for peer in handoff.sources],
+                                     store=self.store, version=assignment.version, namespace=state_namespace(self.node.config.swarm),
+                                     timeout_s=self.config.agree_timeout_s)
+        return assignment.step if agreed is None else agreed
+
+    async def _state_for(self, assignment: Assignment, role: PeerRole) -> StageState | None:
+        """The state this stage starts from at the plan's step: kept here (memory or checkpoint), or handed off by
+        the peers that hold it (client/training/state_handoff.py); None where the plan says the seed.
+
+        Raises:
+            StateUnavailable: the plan says the state exists, but no peer asked holds it.
+        """
+        model, handoff, step = assignment.model_config(), assignment.handoff, assignment.step
+        units = units_of_layers(tuple(assignment.stage_layers[role.stage]), model.n_layers)
+        seeded = set(units) if handoff is None else {
+            unit for a, b in handoff.seeded_layers for unit in units_of_layers((a, b), model.n_layers)}
+        wanted = [unit for unit in units if unit not in seeded]
+        local = await asyncio.to_thread(self.store.find, step, units)
+        if local is not None or not wanted:
+            origin: StateOrigin = "seed" if local is None else "kept"
+            self.origin = (origin, HandoffReport(step=step, bytes=0, seconds=0.0))
+            logger.info(f"Stage {role.stage} starts at step {step} from "
+                        f"{'the seed' if local is None else 'the state this peer holds'}")
+            return local
+        candidates = [*handoff.sources, *(chain[role.stage] for chain in assignment.pipelines)][:64]
+        state, report = await fetch_state(
+            self.node.p2p, [PeerID.from_base58(peer) for peer in candidates], step=step, units=wanted, model=model,
+            namespace=state_namespace(self.node.config.swarm), timeout_s=self.config.handoff_timeout_s)
+        self.origin = ("checkpoint" if handoff.resumed_from_checkpoint else "handed off", report)
+        lost = sorted(seeded & set(units))
+        logger.info(f"Stage {role.stage} state for step {step} handed off: {report.describe()}"
+                    f"{' (from checkpoints)' if handoff.resumed_from_checkpoint else ''}"
+                    f"{'; from the seed: ' + ', '.join(lost) if lost else ''}")
+        return state
 
     async def _wait_for_peers(self, assignment: Assignment, role: PeerRole) -> None:
         """Until the peers this stage talks to say, in their records, that they follow this version too."""
@@ -228,19 +309,19 @@ class Trainer:
                 error = StageError(f"{', '.join(sorted(silent))} failed {self.config.heartbeat_misses} pings in a row",
                                    peers=sorted(silent))
                 logger.warning(f"Reporting unreachable peers: {error}")
-                self._report_trouble(worker, assignment, self._step, "retrying", error)
+                self._report_trouble(assignment, self._step, "retrying", error, worker)
             reported = silent
 
     async def _train(self, worker: StageWorker, assignment: Assignment) -> None:
         step, failures, max_steps = assignment.step, 0, self.config.max_steps
-        worker.on_failure = lambda error: self._report_trouble(worker, assignment, step, "retrying", error)
+        worker.on_failure = lambda error: self._report_trouble(assignment, step, "retrying", error, worker)
         while max_steps is None or step < max_steps:
             self._step = step
             try:
                 report = await worker.run_step(step)
             except CommitUnknown as e:
                 logger.warning(f"Step {step}: {e}; waiting for a new assignment")
-                self._report_trouble(worker, assignment, step, "stalled", e)
+                self._report_trouble(assignment, step, "stalled", e, worker)
                 return
             except StageError as e:
                 failures += 1
@@ -248,19 +329,21 @@ class Trainer:
                 if failures >= self.config.max_failures:
                     logger.warning(f"Step {step} failed {failures} times in a row; stalled, waiting for a new "
                                    f"assignment")
-                    self._report_trouble(worker, assignment, step, "stalled", e)
+                    self._report_trouble(assignment, step, "stalled", e, worker)
                     return
                 await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # the same step: no peer of the plan applied it
             failures = 0
             self.last_report = report
+            await self._keep_state(worker, assignment, report.step + 1)
             if (assignment.version, report.step) > self._published:  # never publish a step twice
                 self._published = (assignment.version, report.step)
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
                     loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
-                    wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, updated_at=get_dht_time()))
-            loss = "" if report.loss is None else f"loss {report.loss:.4f}, "
+                    wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
+                    updated_at=get_dht_time()))
+            loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
             retried = f", after {report.attempt} retries" if report.attempt else ""
             logger.info(f"step {report.step}: {loss}{report.tokens_per_s:.0f} tokens/s, wall {report.wall_s:.3f} s "
                         f"(compute {report.compute_s:.3f} s, wait {report.wait_s:.3f} s{retried})")
@@ -268,14 +351,30 @@ class Trainer:
         logger.info(f"Reached step {max_steps}: training done; serving until stopped")
         self.finished.set()
 
-    def _report_trouble(self, worker: StageWorker, assignment: Assignment, step: int, health: Health,
-                        error: StageError) -> None:
+    async def _keep_state(self, worker: StageWorker, assignment: Assignment, step: int) -> None:
+        """Keeps a copy of the state ready for `step` to hand off, and checkpoints it when the plan says so."""
+        state = await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer, step)
+        self.store.remember(state)
+        plan, role = assignment.checkpoints, assignment.roles[self.node.peer_id]
+        if (self.checkpoints is not None and plan is not None and step % plan.every == 0
+                and plan.savers[role.stage] == self.node.peer_id):
+            self.checkpoints.submit(state, layers=tuple(assignment.stage_layers[role.stage]),
+                                    model=assignment.model_config(), plan_version=assignment.version)
+
+    def _origin_fields(self) -> dict:
+        if self.origin is None:
+            return {}
+        origin, report = self.origin
+        return {"state_origin": origin, "handoff_bytes": report.bytes, "handoff_s": report.seconds}
+
+    def _report_trouble(self, assignment: Assignment, step: int, health: Health, error: StageError,
+                        worker: StageWorker | None = None) -> None:
         """Tells the coordinator at once (a Progress record) that this peer cannot train `step`, why, and which
         peers of the plan it could not reach, so that it can re-plan before their records expire."""
         self._progress.submit(Progress(
             peer_id=self.node.peer_id, assignment_version=assignment.version, step=step, loss=None,
-            tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries, resyncs=worker.resyncs,
-            health=health, reason=str(error)[:256],
+            tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries if worker else 0,
+            resyncs=worker.resyncs if worker else 0, health=health, reason=str(error)[:256],
             unreachable=[peer for peer in dict.fromkeys(error.peers) if peer in assignment.roles][:MAX_UNREACHABLE_PER_RECORD],
             updated_at=get_dht_time()))
 
@@ -286,19 +385,6 @@ def _talks_to(assignment: Assignment, role: PeerRole, me: str) -> set[str]:
     peers = {pipeline[s] for s in (role.stage - 1, role.stage + 1) if 0 <= s < assignment.d_pp}
     peers |= {chain[role.stage] for chain in assignment.pipelines}
     return peers - {me}
-
-
-async def _start_uncancelled(starting) -> StageWorker:
-    """Awaits start_stage; if we are cancelled meanwhile, lets it finish and closes what it built, so its handler
-    names are free for the next worker."""
-    task = asyncio.ensure_future(starting)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            worker = await task
-            await worker.close()
-        raise
 
 
 class _ProgressPublisher:

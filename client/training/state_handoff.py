@@ -1,0 +1,299 @@
+"""Hand-off: a peer that takes a stage it does not hold downloads the state from the peers that do.
+
+Every client serves, for as long as it runs, the states it holds (``StateStore``): the last two committed states of
+the stage it trains, those of the stage it trained before (a peer that moves away keeps serving its old stage until
+it moves again), and its checkpoints. Two states, because the peers of a plan may be one step apart when it ends
+(steps are all-or-nothing, but a peer applies a step as soon as it has every vote, client/training/step_commit.py),
+and the next plan starts at the lower of their steps (coordinator/run_state.py, ``start_step``).
+
+The pattern is hivemind's ``load_state_from_peers`` / ``rpc_download_state`` (hivemind/optim/state_averager.py):
+ask, then stream the state in bounded parts. Here the state is asked for unit by unit (embedding, block i, head;
+client/training/stage_state.py), so that a stage of a new cut can be assembled from holders of the old one, and
+several holders can serve different units at once. First every candidate says which of the units it holds at the
+step, with the SHA-256 and size of each (``rpc_state_info``); for each unit the digest reported by the most holders
+is chosen (ties: the lowest peer id), each unit is streamed from one of its holders (``rpc_state_unit``, 1 MiB
+parts, never more than the size announced), checked against the digest, and taken from the next holder when it
+does not match or the holder fails.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import runtime_pb2
+
+from hetswarm.client.training.checkpoints import CheckpointDir
+from hetswarm.client.training.errors import StageError
+from hetswarm.client.training.stage_state import StageState, decode_tensors
+from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.model_config import ModelConfig
+
+__all__ = ["HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step", "fetch_state",
+           "unit_byte_limit"]
+
+logger = logging.getLogger(__name__)
+
+_PART_BYTES = 1 << 20
+_MAX_REQUEST_BYTES = 64 * 1024
+_STATES_PER_STAGE = 2
+_STAGES_KEPT = 2
+_CONCURRENT_UPLOADS = 4
+
+
+class StateUnavailable(StageError):
+    """No candidate holds some units of the state asked for."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HandoffReport:
+    """What a hand-off moved: logged, and shown by the monitor."""
+
+    step: int
+    bytes: int
+    seconds: float
+    sources: dict[str, int] = field(default_factory=dict)
+    """Peer id → bytes it sent."""
+
+    def describe(self) -> str:
+        origin = ", ".join(f"{peer[-6:]}: {size} B" for peer, size in self.sources.items()) or "this peer"
+        return f"{self.bytes} bytes in {self.seconds:.2f} s from {origin}"
+
+
+def unit_byte_limit(model: ModelConfig, unit: str) -> int:
+    """Largest honest encoding of a unit: fp32 parameters and two fp32 AdamW moments, plus headers."""
+    params = {"embed": model.embedding_params, "head": model.head_params}.get(unit, model.params_per_layer)
+    return 3 * 4 * params + 64 * 1024
+
+
+class StateStore:
+    """The states this peer can hand off (module docstring); newest first."""
+
+    def __init__(self, checkpoints: CheckpointDir | None = None) -> None:
+        self.checkpoints = checkpoints
+        self._states: list[StageState] = []
+        self.version = 0
+        """The plan version this peer has switched to: once it is at a version, its states of older plans are
+        final (the old plan cannot commit a step without it)."""
+
+    @property
+    def newest_step(self) -> int | None:
+        """The step of the newest state held in memory (of the stage trained last)."""
+        return self._states[0].step if self._states else None
+
+    def remember(self, state: StageState) -> None:
+        """Keeps ``state`` (a copy nobody changes any more) and forgets what the bounds leave out."""
+        kept, per_stage = [state], Counter({tuple(state.units): 1})
+        for old in self._states:
+            key = tuple(old.units)
+            if old.step == state.step and key == tuple(state.units):
+                continue
+            if per_stage[key] < _STATES_PER_STAGE and (key in per_stage or len(per_stage) < _STAGES_KEPT):
+                per_stage[key] += 1
+                kept.append(old)
+        self._states = kept
+
+    def find(self, step: int, units: Sequence[str]) -> StageState | None:
+        """The state of ``units`` ready for ``step``, from memory or else from a checkpoint (blocking: disk)."""
+        for state in self._states:
+            if state.step == step and set(units) <= set(state.units):
+                return state.select(list(units))
+        return self.checkpoints.find(step, list(units)) if self.checkpoints is not None else None
+
+
+class StateServer(ServicerBase):
+    """Serves a StateStore to any peer of the swarm (the state is the swarm's model, not a secret), at most
+    ``_CONCURRENT_UPLOADS`` units at a time."""
+
+    def __init__(self, p2p: P2P, store: StateStore, *, namespace: str) -> None:
+        self.p2p, self.store, self.namespace = p2p, store, namespace
+        self._encoded: dict[tuple[int, str], bytes] = {}
+        self._uploads = asyncio.Semaphore(_CONCURRENT_UPLOADS)
+
+    async def attach(self) -> None:
+        await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def detach(self) -> None:
+        await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+
+    async def _encoded_unit(self, step: int, unit: str) -> bytes | None:
+        if (step, unit) not in self._encoded:
+            state = await asyncio.to_thread(self.store.find, step, [unit])
+            if state is None:
+                return None
+            if any(cached_step != step for cached_step, _ in self._encoded):
+                self._encoded.clear()  # one step's encodings at a time
+            self._encoded[step, unit] = await asyncio.to_thread(state.encode)
+        return self._encoded[step, unit]
+
+    async def rpc_state_info(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                             ) -> runtime_pb2.ExpertResponse:
+        try:
+            asked = _parse(request.metadata)
+            step, units = int(asked["step"]), [str(unit) for unit in asked["units"]][:1024]
+        except (RejectedInput, KeyError, TypeError, ValueError) as e:
+            logger.info(f"Refused a state request from {context.remote_id}: {e}")
+            return runtime_pb2.ExpertResponse()
+        held = {}
+        for unit in units:
+            if (blob := await self._encoded_unit(step, unit)) is not None:
+                held[unit] = [hashlib.sha256(blob).hexdigest(), len(blob)]
+        return runtime_pb2.ExpertResponse(metadata=json.dumps(held).encode())
+
+    async def rpc_state_newest(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                               ) -> runtime_pb2.ExpertResponse:
+        return runtime_pb2.ExpertResponse(metadata=json.dumps(
+            {"version": self.store.version, "newest": self.store.newest_step}).encode())
+
+    async def rpc_state_unit(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                             ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        try:
+            asked = _parse(request.metadata)
+            step, unit, digest = int(asked["step"]), str(asked["unit"]), str(asked["digest"])
+        except (RejectedInput, KeyError, TypeError, ValueError) as e:
+            logger.info(f"Refused a state request from {context.remote_id}: {e}")
+            return
+        async with self._uploads:
+            blob = await self._encoded_unit(step, unit)
+            if blob is None or hashlib.sha256(blob).hexdigest() != digest:
+                return
+            for offset in range(0, len(blob), _PART_BYTES):
+                yield runtime_pb2.ExpertResponse(metadata=blob[offset:offset + _PART_BYTES])
+
+
+async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str],
+                      model: ModelConfig, namespace: str, timeout_s: float) -> tuple[StageState, HandoffReport]:
+    """The state of ``units`` ready for ``step``, from the candidates that hold it (module docstring).
+
+    Raises:
+        StateUnavailable: some unit is held by no candidate, or every holder of it failed.
+    """
+    started = time.perf_counter()
+    candidates = [peer for peer in dict.fromkeys(candidates) if peer != p2p.peer_id]
+    infos = await asyncio.gather(*(_info(p2p, peer, step, units, namespace, timeout_s) for peer in candidates))
+    holders: dict[str, list[tuple[PeerID, str, int]]] = {}
+    for unit in units:
+        offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
+        counts = Counter(digest for _, (digest, _size) in offers)
+        if counts:
+            chosen = min(counts, key=lambda d: (-counts[d], min(p.to_base58() for p, (h, _) in offers if h == d)))
+            holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
+                                   key=lambda offer: offer[0].to_base58())
+    if missing := [unit for unit in units if unit not in holders]:
+        raise StateUnavailable(f"no peer holds {', '.join(missing)} of the state for step {step} "
+                               f"(asked {len(candidates)} peers)")
+    sources: Counter[str] = Counter()
+    load: Counter[PeerID] = Counter()
+
+    async def fetch_unit(unit: str) -> dict:
+        offers = sorted(holders[unit], key=lambda offer: load[offer[0]])  # spread units over holders
+        load[offers[0][0]] += offers[0][2]
+        for peer, digest, size in offers:
+            if size > unit_byte_limit(model, unit):
+                logger.warning(f"{peer} offers {size} bytes for {unit}, more than it can be; skipped")
+                continue
+            blob = await _download(p2p, peer, step=step, unit=unit, digest=digest, size=size, namespace=namespace,
+                                   timeout_s=timeout_s)
+            if blob is not None and hashlib.sha256(blob).hexdigest() == digest:
+                sources[peer.to_base58()] += len(blob)
+                return decode_tensors(blob)
+            logger.warning(f"{unit} of step {step} from {peer}: {'no answer' if blob is None else 'bad digest'}; "
+                           f"trying the next holder")
+        raise StateUnavailable(f"every holder of {unit} for step {step} failed", peers=[p for p, _, _ in offers])
+
+    parts = await asyncio.gather(*(fetch_unit(unit) for unit in units))
+    tensors = {name: tensor for part in parts for name, tensor in part.items()}
+    report = HandoffReport(step=step, bytes=sum(sources.values()), seconds=time.perf_counter() - started,
+                           sources=dict(sources))
+    return StageState(step, tensors), report
+
+
+async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStore, version: int, namespace: str,
+                        timeout_s: float, poll_s: float = 0.5) -> int | None:
+    """The step a hand-off plan starts at: the newest step every source holds (module docstring), once each source
+    has switched to ``version`` or later (its states are then final); sources that never answer within
+    ``timeout_s`` are left out. None when no source holds any state. When this peer is a source, its own ``store``
+    answers for it.
+
+    Every member of the plan asks the same sources and gets the same answers, so all start at the same step. The
+    coordinator's ``Assignment.step`` is only a lower bound: the members of a plan it replaces may have trained on
+    while the new plan was being published.
+    """
+    pending = [peer for peer in dict.fromkeys(sources) if peer != p2p.peer_id]
+    newest: dict[PeerID, int | None] = {p2p.peer_id: store.newest_step} if p2p.peer_id in sources else {}
+    asking: dict[PeerID, asyncio.Task] = {}  # at most one call per source, never cancelled (trainer.py, _watch_peers)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while pending and asyncio.get_running_loop().time() < deadline:
+        for peer in pending:
+            call = asking.get(peer)
+            if call is not None and call.done() and (answer := call.result()) is not None and answer[0] >= version:
+                newest[peer] = answer[1]
+            elif call is None or call.done():
+                asking[peer] = asyncio.create_task(_newest(p2p, peer, namespace))
+        pending = [peer for peer in pending if peer not in newest]
+        if pending:
+            await asyncio.sleep(poll_s)
+    if pending:
+        logger.warning(f"{len(pending)} state source(s) did not say which step they hold: "
+                       f"{', '.join(str(peer) for peer in pending)}")
+    steps = [step for step in newest.values() if step is not None]
+    return min(steps) if steps else None
+
+
+async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | None] | None:
+    stub = StateServer.get_stub(p2p, peer, namespace=namespace)
+    try:
+        response = await stub.rpc_state_newest(runtime_pb2.ExpertRequest())
+        answer = _parse(response.metadata)
+        newest = answer["newest"]
+        return int(answer["version"]), None if newest is None else int(newest)
+    except Exception as e:
+        logger.debug(f"No newest step from {peer}: {e!r}")
+        return None
+
+
+async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespace: str, timeout_s: float
+                ) -> dict[str, tuple[str, int]]:
+    stub = StateServer.get_stub(p2p, peer, namespace=namespace)
+    request = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": step, "units": list(units)}).encode())
+    try:
+        response = await stub.rpc_state_info(request, timeout=timeout_s)
+        held = _parse(response.metadata) if response.metadata else {}
+        return {str(unit): (str(digest), int(size)) for unit, (digest, size) in held.items()}
+    except Exception as e:  # a dead or hostile candidate offers nothing
+        logger.debug(f"No state info from {peer}: {e!r}")
+        return {}
+
+
+async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str, size: int, namespace: str,
+                    timeout_s: float) -> bytes | None:
+    stub = StateServer.get_stub(p2p, peer, namespace=namespace)
+    request = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": step, "unit": unit, "digest": digest}).encode())
+    received = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in await stub.rpc_state_unit(request):
+                received += part.metadata
+                if len(received) > size:
+                    logger.warning(f"{peer} sent more than the {size} bytes it announced for {unit}")
+                    return None
+    except Exception as e:
+        logger.debug(f"Download of {unit} from {peer} failed: {e!r}")
+        return None
+    return bytes(received)
+
+
+def _parse(metadata: bytes) -> dict:
+    if len(metadata) > _MAX_REQUEST_BYTES:
+        raise RejectedInput(f"{len(metadata)} bytes of request metadata")
+    data = json.loads(metadata)
+    if not isinstance(data, dict):
+        raise RejectedInput("request metadata is not an object")
+    return data

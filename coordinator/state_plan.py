@@ -1,0 +1,117 @@
+"""Where a new plan's training state comes from: the step it starts at, who hands the state off, who checkpoints.
+
+A plan that follows another starts at the step the previous plan's surviving members all hold (`start_step` in
+run_state.py) and lists them as the sources its newcomers download from (client/training/state_handoff.py). The
+members hold the state of their stage's layers, so the survivors cover the model when every layer has one; the
+plan is then a hand-off. When some layers have no surviving replica, the swarm goes back, as a whole, to the newest
+step whose checkpoints (advertised in the peers' records) cover every layer: a resume. When nothing covers them
+either, the coordinator waits (the peer may come back with its checkpoint) and, once it has waited long enough, says
+the layers are lost and lets them start again from the seed, so that the rest of the model keeps training.
+
+A fresh run (no previous plan, or one at step 0) starts from the seed unless peers hold checkpoints: a swarm stopped
+and started again resumes from them.
+
+Checkpoints: one saver per stage, a replica that keeps checkpoints (`PeerRecord.checkpointing`), the lowest peer id;
+every `every` steps, so that the stages' checkpoints meet at the same steps.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, Progress
+
+__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "plan_state"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatePlan:
+    step: int
+    handoff: Handoff | None
+    """None: a fresh run from the seed."""
+    note: str = ""
+    """What the plan's reason should add: a resume or lost layers."""
+
+
+def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection[str],
+               records: Mapping[str, PeerRecord], progress: Mapping[str, Progress], n_layers: int, give_up: bool
+               ) -> StatePlan | str:
+    """The state a plan over `alive` peers starts from (module docstring), or why it cannot start yet.
+
+    Args:
+        live_step: `start_step` of the previous plan's survivors.
+        give_up: layers held by nobody start again from the seed (else the answer is a reason to wait).
+    """
+    fresh = previous is None or live_step == 0  # nothing trained yet: nothing to lose
+    holders = {} if fresh else _holders(previous, alive, progress)
+    missing = _uncovered(holders.values(), n_layers)
+    if not missing:
+        return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders)))
+    resume = _newest_complete_checkpoint(records, alive, n_layers)
+    if resume is not None:
+        step, sources = resume
+        why = "a fresh start" if fresh else f"no live replica of layers {_ranges(missing)}"
+        return StatePlan(step=step, handoff=Handoff(sources=sources, resumed_from_checkpoint=True),
+                         note=f"resumed from the checkpoints of step {step} ({why})")
+    if fresh:
+        return StatePlan(step=0, handoff=None)
+    if not give_up:
+        return f"layers {_ranges(missing)} have no live replica and no checkpoint; waiting for a peer that holds them"
+    seeded = [list(r) for r in layer_ranges(missing)]
+    return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders), seeded_layers=seeded),
+                     note=f"layers {_ranges(missing)} lost (no replica, no checkpoint): they start again from the seed")
+
+
+def checkpoint_plan(pipelines: list[list[str]], records: Mapping[str, PeerRecord], every: int) -> CheckpointPlan | None:
+    """One saver per stage (module docstring); None when no placed peer keeps checkpoints."""
+    savers = []
+    for stage in range(len(pipelines[0])):
+        keepers = sorted(chain[stage] for chain in pipelines if records.get(chain[stage]) is not None
+                         and records[chain[stage]].checkpointing)
+        savers.append(keepers[0] if keepers else None)
+    return CheckpointPlan(savers=savers, every=every) if any(savers) else None
+
+
+def layer_ranges(layers: Collection[int]) -> list[tuple[int, int]]:
+    """Sorted layer indices as maximal [a, b) ranges."""
+    ranges: list[tuple[int, int]] = []
+    for layer in sorted(layers):
+        if ranges and ranges[-1][1] == layer:
+            ranges[-1] = (ranges[-1][0], layer + 1)
+        else:
+            ranges.append((layer, layer + 1))
+    return ranges
+
+
+def _holders(previous: Assignment, alive: Collection[str], progress: Mapping[str, Progress]
+             ) -> dict[str, tuple[int, int]]:
+    """Surviving members of the previous plan that did not give up on it, with the layers they hold."""
+    stalled = {signer for signer, record in progress.items() if signer == record.peer_id
+               and record.assignment_version == previous.version and record.health == "stalled"}
+    return {peer: tuple(previous.stage_layers[role.stage]) for peer, role in previous.roles.items()
+            if peer in alive and peer not in stalled}
+
+
+def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:
+    covered = {layer for a, b in ranges for layer in range(a, b)}
+    return set(range(n_layers)) - covered
+
+
+def _newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int
+                                ) -> tuple[int, list[str]] | None:
+    """The newest step whose checkpoints, held by peers in view, cover every layer, and the peers that hold them."""
+    by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for peer, record in records.items():
+        if peer not in alive:
+            continue
+        for info in record.checkpoints:
+            by_step.setdefault(info.step, {}).setdefault(peer, []).append(tuple(info.layers))
+    for step in sorted(by_step, reverse=True):
+        held = by_step[step]
+        if not _uncovered([r for ranges in held.values() for r in ranges], n_layers):
+            return step, sorted(held)
+    return None
+
+
+def _ranges(layers: Collection[int]) -> str:
+    return ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in layer_ranges(layers))

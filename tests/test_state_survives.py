@@ -1,0 +1,279 @@
+"""The model outlives any peer: one swarm on 127.0.0.1 goes through a kill, a join, the loss of a whole stage and a
+stop of everything, and ends on exactly the parameters of a run that had none of it.
+
+A coordinator (2 pipelines × 2 stages, checkpoints every 4 steps) and five clients (four placed, one standby), all
+with checkpoint folders, train the tiny model with fp32 on the wire:
+1. a placed client is SIGKILLed at a random step: the standby takes its place with the state handed off by the
+   replica of its stage, and nobody else moves;
+2. a client joins: it stays a standby and nobody moves;
+3. both replicas of stage 1 are SIGKILLed; the stage-1 saver comes back (a new process, its old checkpoint
+   folder): the swarm goes back to the newest step every stage has a checkpoint of, and says so;
+4. every process is stopped with SIGINT and started again with the same folders: the coordinator resumes from
+   the newest complete checkpoint C, and training goes on to step C + 8.
+The parameters at C + 8 (the savers' checkpoints) equal, within 1e-5, those of a 2 × 2 run of as many steps on the
+same data with no failure, and so does the loss of every step each client logged, re-runs after a resume included.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
+from hetswarm.client.training.checkpoints import CheckpointDir
+from hetswarm.client.training.stage_state import units_of_layers
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Assignment
+from tests.conftest import reap_children
+from tests.helpers.dht_nodes import start_node
+from tests.helpers.training_process import TrainJob, run_training_processes
+from tests.helpers.waiting import wait_until
+from tests.test_training_correctness import D_DP, D_PP, SEED, TINY, _assignment
+
+SWARM = "statetest"
+EVERY = 4
+COORDINATOR_ARGS = ("--dp", str(D_DP), "--pp", str(D_PP), "--ttl", "20", "--debounce", "1",
+                    "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600", "--lost-state-wait", "600",
+                    "--checkpoint-every", str(EVERY), "--seed", str(SEED))
+_JOINED = re.compile(r"Others can join with: --initial-peers (\S+)")
+_STEP_LOSS = re.compile(r"step (\d+): loss ([0-9.]+)")
+
+
+def model_file(tmp: Path) -> Path:
+    """The tiny model with fp32 activations on the wire, so that the swarm is exact."""
+    path = tmp / "tiny-fp32.json"
+    path.write_text(json.dumps(TINY.to_dict() | {"name": "tiny-fp32", "activation_bytes_per_value": 4}))
+    return path
+
+
+class Scenario:
+    """The swarm, a DHT observer, and helpers that read what it publishes."""
+
+    def __init__(self, swarm: LocalSwarm, tmp: Path) -> None:
+        self.swarm, self.tmp = swarm, tmp
+        self.observer = None
+        self.clients: dict[str, PeerProcess] = {}
+        self.folder_of: dict[str, Path] = {}  # peer id → checkpoint folder
+        self.name_of: dict[str, str] = {}
+
+    def start_clients(self, folders: dict[str, str], max_steps: int | None = None) -> list[str]:
+        """Clients by name, each with its checkpoint folder (reused across restarts); returns their peer ids."""
+        until = ("--max-steps", str(max_steps)) if max_steps else ()
+        for name, folder in folders.items():
+            self.clients[name] = self.swarm.start_client(
+                name, "--coordinator", self.swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed",
+                str(SEED), "--checkpoint-dir", str(self.tmp / folder), *until)
+        peers = []
+        for name, folder in folders.items():
+            via = self.clients[name].wait_for(_JOINED, timeout_s=120).group(1)
+            if self.observer is None:
+                self.observer, _ = start_node(SWARM, self.tmp / "observer.key", [via])
+            peer = peer_id_of(load_identity(self.tmp / f"{name}.key").get_public_key())
+            self.folder_of[peer], self.name_of[peer] = self.tmp / folder, name
+            peers.append(peer)
+        return peers
+
+    def read(self, field: str) -> dict:
+        return asyncio.run(SwarmRecords(self.observer, SWARM, timeout_s=10).read(field))
+
+    def plan(self) -> Assignment | None:
+        return self.read(ASSIGNMENT_FIELD).get(self.swarm.coordinator_id)
+
+    def wait_for_plan(self, what: str, accept, timeout_s: float = 120) -> Assignment:
+        return wait_until(what, lambda: (plan := self.plan()) is not None and accept(plan) and plan, timeout_s)
+
+    def wait_for_step(self, step: int, timeout_s: float = 180) -> Assignment:
+        """Until every member of the plan in force reports having applied `step` under it; returns that plan."""
+        def reached() -> Assignment | None:
+            plan, records = self.plan(), self.read(PROGRESS_FIELD)
+            return plan if plan is not None and all(
+                p in records and records[p].assignment_version == plan.version and records[p].health == "training"
+                and records[p].step >= step for p in plan.roles) else None
+        return wait_until(f"every member of the plan in force past step {step}", reached, timeout_s)
+
+    def log_sizes(self) -> dict[Path, int]:
+        return {log: log.stat().st_size for log in self.tmp.glob("*.log")}
+
+    def losses(self, since: dict[Path, int] | None = None) -> dict[int, list[float]]:
+        """Every loss the clients logged, by step (each last-stage client logs its pipeline's), after `since`."""
+        found: dict[int, list[float]] = {}
+        for log in sorted(self.tmp.glob("*.log")):
+            with open(log, "rb") as file:
+                file.seek((since or {}).get(log, 0))
+                text = file.read().decode(errors="replace")
+            for step, loss in _STEP_LOSS.findall(text):
+                found.setdefault(int(step), []).append(float(loss))
+        return found
+
+    def checkpoint(self, peer: str, step: int, layers: tuple[int, int]) -> dict[str, torch.Tensor]:
+        state = CheckpointDir(self.folder_of[peer], SWARM).find(step, units_of_layers(layers, TINY.n_layers))
+        assert state is not None, f"no checkpoint of step {step} in {self.folder_of[peer]}"
+        return {name: tensor for name, tensor in state.tensors.items() if ":" not in name}
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("state")
+    found: dict = {}
+    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+        scenario = Scenario(swarm, tmp)
+        try:
+            _play(scenario, swarm, tmp, found)
+        finally:
+            if scenario.observer is not None:
+                scenario.observer.shutdown()
+    found["baseline"] = _fault_free_run(tmp_path_factory.mktemp("baseline"), found["last_step"])
+    return found
+
+
+def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None:
+    coordinator = swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "5",
+                                          *COORDINATOR_ARGS)
+    scenario.start_clients({f"peer{i}": f"ckpt{i}" for i in range(5)})
+    first = scenario.wait_for_plan("the first plan", lambda plan: True)
+
+    # 1. a placed client killed at a random step
+    rng = random.Random(SEED)
+    scenario.wait_for_step(rng.randrange(3, 8))
+    victim = rng.choice(sorted(first.roles))
+    scenario.clients[scenario.name_of[victim]].kill()
+    found["killed"] = (first, victim)
+    second = scenario.wait_for_plan("a plan without the killed peer", lambda plan: victim not in plan.roles)
+    scenario.wait_for_step(second.step)
+    found["after_kill"] = (second, scenario.read(PROGRESS_FIELD))
+
+    # 2. a client joins
+    [joiner] = scenario.start_clients({"joiner": "ckpt-joiner"})
+    third = scenario.wait_for_plan("a plan that knows the joiner", lambda plan: plan.version > second.version,
+                                   timeout_s=90)
+    scenario.wait_for_step(third.step)
+    found["after_join"] = (second, third, joiner, scenario.read(PROGRESS_FIELD))
+
+    # 3. every replica of stage 1 killed; its saver comes back with its checkpoint folder
+    in_force = scenario.wait_for_step(third.step + EVERY + 1)
+    saver = in_force.checkpoints.savers[1]
+    wait_until("a checkpoint of stage 1", lambda: newest_complete_checkpoint(tmp) is not None, 60)
+    stage1 = [chain[1] for chain in in_force.pipelines]
+    for peer in stage1:
+        scenario.clients[scenario.name_of[peer]].kill()
+    found["losses_at_kill"], sizes = scenario.losses(), scenario.log_sizes()
+    scenario.start_clients({"saver-back": scenario.folder_of[saver].name})
+    fourth = scenario.wait_for_plan("a plan that resumes from checkpoints",
+                                    lambda plan: plan.version > in_force.version and plan.handoff is not None
+                                    and plan.handoff.resumed_from_checkpoint)
+    scenario.wait_for_step(fourth.step)
+    found["resumed"] = (fourth, stage1, scenario.losses(since=sizes))
+
+    # 4. everything stopped, and started again with the same folders, to train up to a step past the checkpoint
+    placed = sorted(scenario.wait_for_step(fourth.step + 2 * EVERY).roles)
+    for peer in placed:
+        scenario.clients[scenario.name_of[peer]].stop()
+    coordinator.stop()
+    scenario.observer.shutdown()
+    scenario.observer = None
+    resume_at = newest_complete_checkpoint(tmp)
+    last = found["last_step"] = resume_at + 2 * EVERY
+    sizes = scenario.log_sizes()
+    swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", *COORDINATOR_ARGS)
+    scenario.start_clients({f"again{i}": scenario.folder_of[peer].name for i, peer in enumerate(placed)},
+                           max_steps=last)
+    fifth = scenario.wait_for_plan("a plan after the restart", lambda plan: True)
+    scenario.wait_for_step(last - 1, timeout_s=180)
+    wait_until(f"the step-{last} checkpoints", lambda: all(
+        list((scenario.folder_of[s] / SWARM).glob(f"*-step-{last}.json")) for s in fifth.checkpoints.savers), 60)
+    found["restarted"] = (fifth, resume_at, scenario.losses(since=sizes))
+    layers = [tuple(bounds) for bounds in fifth.stage_layers]
+    found["final"] = {name: t for stage, s in enumerate(fifth.checkpoints.savers)
+                      for name, t in scenario.checkpoint(s, last, layers[stage]).items()}
+    found["losses"] = scenario.losses()
+
+
+def newest_complete_checkpoint(tmp: Path) -> int | None:
+    """The newest step whose checkpoints, in all the clients' folders together, cover every layer."""
+    covered: dict[int, set[int]] = {}
+    for folder in tmp.glob("ckpt*"):
+        for meta in CheckpointDir(folder, SWARM).list():
+            covered.setdefault(meta.step, set()).update(range(*meta.layers))
+    complete = [step for step, layers in covered.items() if layers == set(range(TINY.n_layers))]
+    return max(complete, default=None)
+
+
+def _fault_free_run(tmp: Path, steps: int) -> dict:
+    """Final parameters and per-step losses of a plain 2 × 2 run of `steps` steps on the same data."""
+    identities = [tmp / f"peer{i}.key" for i in range(D_PP * D_DP)]
+    peer_ids = [peer_id_of(load_identity(path).get_public_key()) for path in identities]
+    pipelines = [peer_ids[r * D_PP:(r + 1) * D_PP] for r in range(D_DP)]
+    bootstrap, key = start_node("baseline", tmp / "bootstrap.key")
+    try:
+        assignment = _assignment(pipelines, peer_id_of(key.get_public_key()))
+        initial_peers = [str(maddr) for maddr in bootstrap.get_visible_maddrs()]
+        jobs = [TrainJob(swarm="baseline", identity_path=path, initial_peers=initial_peers, assignment=assignment,
+                         steps=steps, seed=SEED, data_seed=SEED, output_path=tmp / f"peer{i}.pt", torch_threads=1,
+                         save_final_state=True) for i, path in enumerate(identities)]
+        results = run_training_processes(jobs, timeout_s=600)
+    finally:
+        bootstrap.shutdown()
+        reap_children()
+    final = {name: t for result in results if result["replica"] == 0 for name, t in result["final_state"].items()}
+    last = [result for result in results if result["stage"] == D_PP - 1]
+    losses = {step: [r["reports"][step]["loss"] for r in last] for step in range(steps)}
+    return {"final": final, "losses": losses}
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_client_is_replaced_by_the_standby_with_the_state_handed_off(story):
+    first, victim = story["killed"]
+    second, progress = story["after_kill"]
+    standby = next(peer for peer in second.roles if peer not in first.roles)
+    assert second.roles[standby] == first.roles[victim]  # the standby took the dead peer's place
+    assert all(second.roles[p] == role for p, role in first.roles.items() if p != victim)  # nobody else moved
+    assert second.handoff is not None and not second.handoff.resumed_from_checkpoint
+    assert progress[standby].state_origin == "handed off" and progress[standby].handoff_bytes > 0
+    assert all(progress[p].state_origin == "kept" for p in second.roles if p != standby)
+    assert second.step > first.step  # from the last committed step, not from the seed
+
+
+@pytest.mark.timeout(900)
+def test_a_joiner_stays_a_standby_and_nobody_moves(story):
+    second, third, joiner, progress = story["after_join"]
+    assert joiner not in third.roles
+    assert third.roles == second.roles, third.reason
+    assert all(progress[p].state_origin == "kept" for p in third.roles)
+
+
+@pytest.mark.timeout(900)
+def test_losing_every_replica_of_a_stage_resumes_from_the_newest_checkpoint(story):
+    fourth, stage1, after = story["resumed"]
+    before = story["losses_at_kill"]
+    assert not set(stage1) & set(fourth.roles)
+    assert fourth.step % EVERY == 0 and fourth.step <= max(before) + 1, (fourth.step, max(before))
+    assert f"resumed from the checkpoints of step {fourth.step}" in fourth.reason
+    assert sorted(after[fourth.step]) == pytest.approx(sorted(before[fourth.step]), abs=1e-4)
+
+
+@pytest.mark.timeout(900)
+def test_a_stopped_swarm_started_again_continues_from_its_checkpoints(story):
+    fifth, resume_at, after = story["restarted"]
+    assert fifth.step == resume_at and fifth.handoff.resumed_from_checkpoint, fifth.reason
+    assert min(after) == resume_at and max(after) == story["last_step"] - 1
+
+
+@pytest.mark.timeout(900)
+def test_the_model_after_all_of_it_equals_a_run_without_failures(story):
+    baseline = story["baseline"]
+    assert set(story["final"]) == set(baseline["final"])
+    for name, value in story["final"].items():
+        torch.testing.assert_close(value, baseline["final"][name], rtol=0, atol=1e-5,
+                                   msg=lambda message, name=name: f"{name}: {message}")
+    logged = story["losses"]
+    assert set(logged) == set(range(story["last_step"]))
+    for step, losses in logged.items():  # every run of every step, re-runs after a resume included
+        for loss in losses:
+            assert min(abs(loss - expected) for expected in baseline["losses"][step]) <= 1e-5, (step, loss)
