@@ -15,6 +15,7 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
  * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
+ * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """

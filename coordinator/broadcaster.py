@@ -71,12 +71,15 @@ class BroadcastConfig:
     of the identity file); None keeps nothing, as for a throw-away identity."""
     checkpoint_every: int = 50
     """Steps between checkpoints, for the peers that keep them (coordinator/state_plan.py)."""
+    checkpoint_every_s: float | None = None
+    """Also at least this often, in the plan's predicted step time: a plan's checkpoints must fall on the same steps
+    in every stage, so a time interval is turned into steps when the plan is made."""
     lost_state_wait_s: float = 120.0
     """How long a plan waits for a peer that holds layers nobody else holds (a replica that comes back, or a
     checkpoint) before those layers start again from the seed."""
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 1 or self.lost_state_wait_s < 0:
+        if self.checkpoint_every < 1 or self.lost_state_wait_s < 0 or (self.checkpoint_every_s or 1) <= 0:
             raise ConfigError(f"need checkpoint_every >= 1 and lost_state_wait_s >= 0, got {self.checkpoint_every} "
                               f"and {self.lost_state_wait_s}")
         if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
@@ -231,7 +234,7 @@ class Broadcaster:
         self.assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
-                                                               self.config.checkpoint_every))
+                                                               self._checkpoint_every(proposal)))
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)
         d_pp, d_dp = proposal.plan.grid.shape
@@ -241,6 +244,12 @@ class Broadcaster:
         if self.config.save_plan is not None:
             write_json(self.config.save_plan, proposal.to_dict() | {
                 "version": version, "reason": reason, "coordinator_id": self.coordinator_id})
+
+    def _checkpoint_every(self, proposal: Proposal) -> int:
+        every, seconds = self.config.checkpoint_every, self.config.checkpoint_every_s
+        if seconds is None:
+            return every
+        return max(1, min(every, int(seconds / max(proposal.live.total_s, 1e-3))))
 
     def _waited_for_state(self) -> float:
         """Seconds this coordinator has been waiting for the state of some layers (0 on the first try)."""

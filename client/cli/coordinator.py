@@ -55,6 +55,8 @@ def coordinator(
     save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints of the peers that keep them "
                                                        "(hetswarm join --checkpoint-dir).")] = 50,
+    checkpoint_every_s: Annotated[Optional[float], typer.Option(
+        "--checkpoint-every-s", help="Also checkpoint at least this often (seconds, in predicted step time).")] = None,
     lost_state_wait: Annotated[float, typer.Option(help="Seconds to wait for a peer holding layers nobody else "
                                                         "holds before they restart from the seed.")] = 120.0,
     metrics_port: MetricsPortOpt = None,
@@ -81,7 +83,8 @@ def coordinator(
     )
     broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
                                        state_path=state_path_for(identity_path) if identity_path else None,
-                                       checkpoint_every=checkpoint_every, lost_state_wait_s=lost_state_wait)
+                                       checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
+                                       lost_state_wait_s=lost_state_wait)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     run_coordinator(node_config, planner_config, broadcast_config, metrics=metrics_address(metrics_port, metrics_host))

@@ -88,6 +88,8 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                 report_reachability(node.p2p, node.records, me=node.peer_id, namespace=namespace))
             trainer = training.build(node, torch_device) if training else None
             try:
+                if trainer is not None:
+                    await trainer.serve()  # before our record is out: peers resuming may ask for our checkpoints
                 keeps_checkpoints = trainer is not None and trainer.checkpoints is not None
                 volunteer = Volunteer(node, hardware, volunteer_config,
                                       on_assignment=trainer.follow if trainer else None,

@@ -9,9 +9,13 @@ hetswarm.protocol and hetswarm.client.peer.
  * step_commit.py       - all-or-nothing steps: the plan-wide commit vote over (step, attempt)
  * replica_sync.py      - replicas compare state hashes and a differing one is resynchronised
  * stage_worker.py      - one stage's GPipe step, composed from the pieces above
+ * stage_state.py       - a stage's parameters and optimizer state as named tensors: hashed, encoded, re-cut
+ * state_handoff.py     - a peer that takes a stage downloads its state from the replicas that hold it
+ * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background
  * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce,
                           a step aborted on every attempt, a commit whose outcome is unknown
- * trainer.py           - follows assignments: (re)starts the stage worker, publishes progress
+ * trainer.py           - follows assignments: (re)starts the stage worker from the right state, publishes
+                          progress, keeps the states it hands off and checkpoints
 """
 from hetswarm.client.training.errors import (
     CommitUnknown,

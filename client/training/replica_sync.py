@@ -2,18 +2,17 @@
 
 After a committed step that calls for it (every ``StageConfig.check_every`` steps, and after any step that needed
 a retry: the same steps on every peer, since commit decisions are the same everywhere), each replica hashes its
-parameters and optimizer state (SHA-256 over the tensors' bytes), keeps a snapshot of that state, and asks every
-other replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by
+parameters and optimizer state (SHA-256 of their deterministic encoding), keeps that encoding, and asks every other
+replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by
 the most replicas, ties broken by the lowest peer id holding it; all replicas choose the same one. A replica whose
 hash differs loads the chosen state from the lowest-id replica holding it (``rpc_state``, streamed in 1 MiB
-parts), logs a warning and counts a resync.
+parts), logs a warning and counts a resync. The state and its hash are those of client/training/stage_state.py.
 
 Replicas cannot drift while checking: a replica that has checked step N may start step N + 1, but cannot apply
 it before every member has voted, so its state (and its snapshot) is still that of step N when asked.
 """
 import asyncio
 import hashlib
-import io
 import json
 import logging
 from collections import Counter
@@ -24,27 +23,13 @@ import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
-__all__ = ["ReplicaSync", "state_digest"]
+from hetswarm.client.training.stage_state import StageState, decode_tensors
+
+__all__ = ["ReplicaSync"]
 
 logger = logging.getLogger(__name__)
 
 _PART_BYTES = 1 << 20
-
-
-def state_digest(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bytes:
-    """SHA-256 over every parameter and every optimizer state value, in a fixed order."""
-    digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    for index, state in sorted(optimizer.state_dict()["state"].items()):
-        for name, value in sorted(state.items()):
-            digest.update(f"{index}/{name}".encode())
-            if isinstance(value, torch.Tensor):
-                digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-            else:
-                digest.update(repr(value).encode())
-    return digest.digest()
 
 
 class ReplicaSync(ServicerBase):
@@ -55,7 +40,7 @@ class ReplicaSync(ServicerBase):
         self.p2p, self.namespace, self.timeout_s = p2p, namespace, timeout_s
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.module, self.optimizer = module, optimizer
-        self._checked: dict[int, tuple[bytes, bytes]] = {}  # step -> (digest, snapshot)
+        self._checked: dict[int, tuple[bytes, bytes]] = {}  # step -> (digest, encoded state)
         self._changed = asyncio.Event()
 
     async def attach(self) -> None:
@@ -88,9 +73,8 @@ class ReplicaSync(ServicerBase):
         return True
 
     def _snapshot(self) -> tuple[bytes, bytes]:
-        buffer = io.BytesIO()
-        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, buffer)
-        return state_digest(self.module, self.optimizer), buffer.getvalue()
+        encoded = StageState.capture(self.module, self.optimizer, step=0).encode()
+        return hashlib.sha256(encoded).digest(), encoded
 
     async def _digest_of(self, peer: PeerID, step: int) -> bytes | None:
         stub = ReplicaSync.get_stub(self.p2p, peer, namespace=self.namespace)
@@ -110,9 +94,7 @@ class ReplicaSync(ServicerBase):
                 parts.append(part.metadata)
         if not parts:
             raise RuntimeError(f"{peer} sent no state for step {step}")
-        state = torch.load(io.BytesIO(b"".join(parts)), weights_only=True)
-        self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        StageState(step + 1, decode_tensors(b"".join(parts))).apply(self.module, self.optimizer)
 
     async def _checked_state(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                              ) -> tuple[bytes, bytes] | None:

@@ -146,9 +146,11 @@ def decode_tensors(blob: bytes) -> dict[str, torch.Tensor]:
             expected = dtype.itemsize * int(torch.Size(shape).numel())
             if raw_len != expected or offset + raw_len > len(blob):
                 raise RejectedInput(f"{header['name']}: {raw_len} bytes for {dtype} {shape} at offset {offset}")
-            raw = bytearray(blob[offset:offset + raw_len])
-            tensor = torch.frombuffer(raw, dtype=torch.uint8) if raw_len else torch.empty(0, dtype=torch.uint8)
-            tensors[str(header["name"])] = tensor.view(dtype).reshape(shape) if raw_len else torch.empty(shape, dtype=dtype)
+            if raw_len:
+                raw = torch.frombuffer(bytearray(blob[offset:offset + raw_len]), dtype=torch.uint8)
+                tensors[str(header["name"])] = raw.view(dtype).reshape(shape)
+            else:
+                tensors[str(header["name"])] = torch.empty(shape, dtype=dtype)
             offset += raw_len
     except (struct.error, ValueError, KeyError, TypeError) as e:
         raise RejectedInput(f"not an encoded stage state ({type(e).__name__}: {e})") from None

@@ -46,6 +46,7 @@ _MAX_REQUEST_BYTES = 64 * 1024
 _STATES_PER_STAGE = 2
 _STAGES_KEPT = 2
 _CONCURRENT_UPLOADS = 4
+_INFO_ROUNDS, _INFO_PAUSE_S = 3, 2.0
 
 
 class StateUnavailable(StageError):
@@ -177,18 +178,16 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
     """
     started = time.perf_counter()
     candidates = [peer for peer in dict.fromkeys(candidates) if peer != p2p.peer_id]
-    infos = await asyncio.gather(*(_info(p2p, peer, step, units, namespace, timeout_s) for peer in candidates))
-    holders: dict[str, list[tuple[PeerID, str, int]]] = {}
-    for unit in units:
-        offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
-        counts = Counter(digest for _, (digest, _size) in offers)
-        if counts:
-            chosen = min(counts, key=lambda d: (-counts[d], min(p.to_base58() for p, (h, _) in offers if h == d)))
-            holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
-                                   key=lambda offer: offer[0].to_base58())
-    if missing := [unit for unit in units if unit not in holders]:
+    for attempt in range(_INFO_ROUNDS):  # a source that is still starting up answers a moment later
+        holders = await _holders(p2p, candidates, step=step, units=units, namespace=namespace, timeout_s=timeout_s)
+        if missing := [unit for unit in units if unit not in holders]:
+            if attempt + 1 < _INFO_ROUNDS:
+                await asyncio.sleep(_INFO_PAUSE_S)
+        else:
+            break
+    if missing:
         raise StateUnavailable(f"no peer holds {', '.join(missing)} of the state for step {step} "
-                               f"(asked {len(candidates)} peers)")
+                               f"(asked {len(candidates)} peers, {_INFO_ROUNDS} times)")
     sources: Counter[str] = Counter()
     load: Counter[PeerID] = Counter()
 
@@ -213,6 +212,21 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
     report = HandoffReport(step=step, bytes=sum(sources.values()), seconds=time.perf_counter() - started,
                            sources=dict(sources))
     return StageState(step, tensors), report
+
+
+async def _holders(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str], namespace: str,
+                   timeout_s: float) -> dict[str, list[tuple[PeerID, str, int]]]:
+    """For each unit some candidate holds: the holders of its most reported digest (ties: the lowest peer id)."""
+    infos = await asyncio.gather(*(_info(p2p, peer, step, units, namespace, timeout_s) for peer in candidates))
+    holders = {}
+    for unit in units:
+        offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
+        counts = Counter(digest for _, (digest, _size) in offers)
+        if counts:
+            chosen = min(counts, key=lambda d: (-counts[d], min(p.to_base58() for p, (h, _) in offers if h == d)))
+            holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
+                                   key=lambda offer: offer[0].to_base58())
+    return holders
 
 
 async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStore, version: int, namespace: str,

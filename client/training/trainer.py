@@ -143,6 +143,13 @@ class Trainer:
         self.origin: tuple[StateOrigin, HandoffReport] | None = None
         """Where the current stage's state came from, and what moved."""
 
+    async def serve(self) -> None:
+        """Starts serving the states this peer holds (its checkpoints, before any plan: a swarm that restarts
+        resumes from them); `follow` calls it too."""
+        if not self._serving:
+            await self._server.attach()
+            self._serving = True
+
     def checkpoint_infos(self) -> list[CheckpointInfo]:
         """The checkpoints this peer holds, for its record (blocking: reads the folder)."""
         return self.checkpoints.checkpoints.infos() if self.checkpoints is not None else []
@@ -158,9 +165,7 @@ class Trainer:
         async with self._switching:  # one switch at a time, in version order
             if assignment is not self.assignment:
                 return  # an even newer version arrived while we waited
-            if not self._serving:
-                await self._server.attach()
-                self._serving = True
+            await self.serve()
             if self._loop_task is not None:
                 await asyncio.gather(self._loop_task, return_exceptions=True)
             self.finished.clear()
@@ -228,7 +233,8 @@ class Trainer:
         if handoff is None or handoff.resumed_from_checkpoint or not handoff.sources:
             return assignment.step
         agreed = await agree_on_step(self.node.p2p, [PeerID.from_base58(peer) for peer in handoff.sources],
-                                     store=self.store, version=assignment.version, namespace=state_namespace(self.node.config.swarm),
+                                     store=self.store, version=assignment.version,
+                                     namespace=state_namespace(self.node.config.swarm),
                                      timeout_s=self.config.agree_timeout_s)
         return assignment.step if agreed is None else agreed
 
