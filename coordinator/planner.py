@@ -10,6 +10,10 @@ time (and, within a bound, until the links between them are measured), or when, 
 predicted at least `improvement` faster than the current plan re-priced on the fresh measurements (hysteresis, so
 that measurement noise does not make the swarm thrash).
 
+Re-plans are sticky (coordinator/sticky.py): the plan in force with its gone peers replaced is kept unless the
+search's plan is `improvement` faster and wins back the state hand-off of the peers it moves within
+`payback_steps` steps; the reason names the peers that move.
+
 A restarted coordinator `adopt`s the plan in force instead of planning afresh: a new plan would reshuffle peers that
 are training well, and their stages would lose what they learned. The plan is taken over as it is as soon as all its
 peers are in view; if some of them left meanwhile, the survivors are preferred in the replan that follows.
@@ -29,6 +33,7 @@ from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, predic
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.sticky import held_stages, migration, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_id
@@ -67,6 +72,9 @@ class PlannerConfig:
     suspect_s: float = 60.0
     """A peer that a member of the plan reported unreachable is left out of plans this long (then it may be
     planned in again, as any joiner, if its record is still there)."""
+    payback_steps: int = 200
+    """A re-plan that moves peers off their stages must win back their state hand-off within this many steps
+    (coordinator/sticky.py)."""
     retry_s: float = 30.0
     """At most this often, a plan whose members report they are stalled is republished as is (a new version from
     the last committed step), which restarts their workers."""
@@ -79,7 +87,7 @@ class PlannerConfig:
             raise ConfigError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
         if self.placement not in ("scheduled", "random", "default"):
             raise ConfigError(f"placement must be scheduled, random or default, got {self.placement!r}")
-        if (self.min_peers < 1 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
+        if (self.min_peers < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
                 or not 0 <= self.improvement < 1):
             raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
                              f"measure_wait_s={self.measure_wait_s}, reconsider_s={self.reconsider_s}, "
@@ -346,25 +354,54 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"Keeping the current plan: {e}")
             return None
-        gain = 1 - fresh.live.total_s / current
-        if gain < self.config.improvement:
+        chosen, why = self._sticky_or_searched(view, fresh, self.current.pipelines)
+        if chosen is not fresh:
             logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {current:.3f} s "
-                        f"now ({gain:+.1%}; the threshold is {self.config.improvement:.0%})")
+                        f"now, which does not clear the {self.config.improvement:.0%} threshold or pay for its moves")
             return None
         self.current = fresh
-        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s ({gain:.0%} faster)"
+        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s; {why}"
 
     def _propose(self, view: SwarmView, reason: str, now: float, *, prefer: frozenset[str] | None = None
                  ) -> tuple[Proposal, str] | None:
+        in_force = self.current.pipelines if self.current else self._in_force.pipelines if self._in_force else None
         if prefer is None:
             prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
         try:
-            proposal = propose(view, self.config, prefer=prefer)
+            searched = propose(view, self.config, prefer=prefer)
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None
+        proposal, why = self._sticky_or_searched(view, searched, in_force) if in_force else (searched, "")
         self.current, self._considered_at, self._last_refusal = proposal, now, ""
-        return proposal, reason
+        return proposal, f"{reason}; {why}" if why else reason
+
+    def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None
+                            ) -> tuple[Proposal, str]:
+        """The plan in force with its gaps filled, unless the search's plan pays for its moves (coordinator/sticky.py);
+        and which peers move, and why."""
+        model = self.config.model
+        held = held_stages(in_force) if in_force else {}
+        kept = None
+        if in_force:
+            kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
+                                    price=lambda pipelines: deployed(view, pipelines, model).live.total_s)
+        moves = migration(searched.pipelines, held, view, model)
+        try:
+            sticky = deployed(view, kept, model) if kept is not None else None
+        except NoFeasiblePlan:
+            sticky = None
+        if sticky is None:
+            return searched, moves.describe()
+        gain_s = sticky.live.total_s - searched.live.total_s
+        extra_s = moves.seconds - migration(kept, held, view, model).seconds
+        if gain_s >= self.config.improvement * sticky.live.total_s and gain_s * self.config.payback_steps > extra_s:
+            faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
+            if not moves.moves:
+                return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"
+            return searched, (f"{moves.describe()}: {faster} and pays back its {max(extra_s, 0):.1f} s of hand-off "
+                              f"in {math.ceil(max(extra_s, 0) / gain_s)} steps")
+        return sticky, migration(kept, held, view, model).describe()
 
     def _refuse(self, message: str, level: int = logging.WARNING) -> None:
         if message != self._last_refusal:  # once per situation, not once per poll

@@ -53,6 +53,9 @@ def coordinator(
     improvement: Annotated[float, typer.Option(help="Re-plan on the same peers only if this fraction faster.")] = 0.1,
     reconsider: Annotated[float, typer.Option(help="Seconds between checks for a clearly better plan.")] = 30.0,
     save_plan: Annotated[Optional[Path], typer.Option(help="Write the latest plan and its matrices here (JSON).")] = None,
+    payback_steps: Annotated[int, typer.Option(help="A re-plan moves peers off their stages only if the time it "
+                                                    "saves wins back their state download within this many "
+                                                    "steps.")] = 200,
     checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints of the peers that keep them "
                                                        "(hetswarm join --checkpoint-dir).")] = 50,
     checkpoint_every_s: Annotated[Optional[float], typer.Option(
@@ -79,7 +82,7 @@ def coordinator(
     planner_config = PlannerConfig(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
         search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
-        measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider,
+        measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider, payback_steps=payback_steps,
     )
     broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
                                        state_path=state_path_for(identity_path) if identity_path else None,

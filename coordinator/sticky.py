@@ -1,0 +1,117 @@
+"""Sticky roles: a re-plan moves a peer off its stage only when the move pays for itself.
+
+A peer that changes stage (or takes one for the first time) must first download that stage's parameters and
+AdamW state from a peer that holds it (client/training/state_handoff.py): 12 bytes per parameter in fp32 (the value
+and two moments), over the best link from a holder, the movers in parallel. So every re-plan weighs two candidates:
+
+* the *sticky* plan: the plan in force with its gone peers replaced. Each vacancy is filled by the standby that
+  makes the plan fastest; when standbys run out, pipelines with holes are dropped (their survivors become
+  standbys), as long as the shape the operator fixed still holds;
+* the *searched* plan: the scheduler's best over the same peers.
+
+The searched plan wins when it is predicted at least ``improvement`` faster per step than the sticky one (the
+hysteresis the replanner already applies to plans on unchanged peers) and its extra hand-off time is won back
+within ``payback_steps`` steps. The reason says which peers moved and why.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetswarm.coordinator.cost_model import edge_time_s
+from hetswarm.coordinator.live_cost import NoFeasiblePlan
+from hetswarm.coordinator.swarm_view import SwarmView
+from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.units import BYTES_PER_GB
+
+__all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_stages", "migration", "sticky_pipelines"]
+
+STATE_BYTES_PER_PARAM = 12
+"""fp32 parameter + AdamW's two fp32 moments."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Who must download a stage's state to follow a plan, and how long the slowest of them takes."""
+
+    moves: dict[str, int]
+    """Peer → the stage it takes and does not hold."""
+    seconds: float
+
+    def describe(self) -> str:
+        if not self.moves:
+            return "nobody moves"
+        moved = ", ".join(f"{short_id(peer)}→stage {stage}" for peer, stage in sorted(self.moves.items()))
+        return f"moved {len(self.moves)}: {moved}"
+
+
+def held_stages(pipelines: list[list[str]]) -> dict[str, int]:
+    """Peer → the stage it holds under a plan."""
+    return {peer: stage for chain in pipelines for stage, peer in enumerate(chain)}
+
+
+def migration(pipelines: list[list[str]], held: Mapping[str, int], view: SwarmView, model: ModelConfig) -> Migration:
+    """The hand-offs a plan needs from the stages the peers hold now (module docstring); a stage no peer in view
+    holds is priced at 0 (it resumes from checkpoints or the seed, whatever the plan)."""
+    d_pp = len(pipelines[0])
+    state_gb = [params * STATE_BYTES_PER_PARAM / BYTES_PER_GB for params in model.stage_params(d_pp)]
+    index = {peer: i for i, peer in enumerate(view.peer_ids)}
+    moves, seconds = {}, 0.0
+    for peer, stage in held_stages(pipelines).items():
+        if held.get(peer) == stage:
+            continue
+        moves[peer] = stage
+        holders = [index[h] for h, s in held.items() if s == stage and h in index and h != peer]
+        if holders and peer in index:
+            network, me = view.network, index[peer]
+            times = edge_time_s(network.latency_ms[holders, me], network.bandwidth_gbps[holders, me], state_gb[stage])
+            seconds = max(seconds, float(times.min()))
+    return Migration(moves, seconds)
+
+
+def sticky_pipelines(current: list[list[str]], view: SwarmView, *, d_dp: int | None, price
+                     ) -> list[list[str]] | None:
+    """The plan in force with its gone peers replaced (module docstring), or None when no part of it can be kept.
+
+    Args:
+        d_dp: the number of pipelines the operator fixed, or None.
+        price: pipelines → predicted step seconds (raises NoFeasiblePlan when a peer cannot hold its stage).
+    """
+    present = set(view.peer_ids)
+    pipelines = [list(chain) for chain in current]
+    while pipelines:
+        placed = {peer for chain in pipelines for peer in chain}
+        standbys = sorted(present - placed)
+        vacancies = [(r, s) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain) if peer not in present]
+        if len(vacancies) <= len(standbys):
+            return _filled(pipelines, vacancies, standbys, price)
+        if d_dp is not None:
+            return None  # the operator fixed the pipelines: dropping one would change the shape
+        holes = [r for r, chain in enumerate(pipelines) if any(peer not in present for peer in chain)]
+        worst = max(holes, key=lambda r: sum(peer not in present for peer in pipelines[r]))
+        pipelines.pop(worst)
+    return None
+
+
+def _filled(pipelines: list[list[str]], vacancies: list[tuple[int, int]], standbys: list[str], price
+            ) -> list[list[str]] | None:
+    """Each vacancy, in turn, filled by the standby with the lowest predicted step time."""
+    pipelines = [list(chain) for chain in pipelines]
+    for r, s in vacancies:
+        best, best_s = None, np.inf
+        for standby in standbys:
+            pipelines[r][s] = standby
+            try:
+                seconds = price(pipelines)
+            except NoFeasiblePlan:
+                continue
+            if seconds < best_s:
+                best, best_s = standby, seconds
+        if best is None:
+            return None
+        pipelines[r][s] = best
+        standbys.remove(best)
+    return pipelines
