@@ -1,0 +1,118 @@
+"""State hand-off over real p2p daemons on 127.0.0.1 (client/training/state_handoff.py): units come from several
+holders at once, the digest most holders report wins, and what nobody holds is named."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from hetswarm.client.training.checkpoints import CheckpointDir
+from hetswarm.client.training.model import build_stage
+from hetswarm.client.training.stage_state import StageState, units_of_layers
+from hetswarm.client.training.stage_worker import StageConfig
+from hetswarm.client.training.state_handoff import (
+    StateServer,
+    StateStore,
+    StateUnavailable,
+    agree_on_step,
+    fetch_state,
+)
+from hetswarm.protocol.keys import state_namespace
+from hetswarm.protocol.model_config import get_model_config
+from tests.helpers.p2p_nodes import connected_p2ps
+
+TINY = get_model_config("tiny")
+NAMESPACE = state_namespace("handofftest")
+UNITS = units_of_layers((2, 4), TINY.n_layers)
+pytestmark = pytest.mark.timeout(120)
+
+
+def stage_state(step: int, *, seed: int = 0) -> StageState:
+    stage = build_stage(TINY, 1, 2, seed=seed)
+    optimizer = StageConfig().build_optimizer(stage.parameters())
+    for param in stage.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    return StageState.capture(stage, optimizer, step=step)
+
+
+async def serve(p2p, *states: StageState, checkpoints: CheckpointDir | None = None) -> StateStore:
+    store = StateStore(checkpoints)
+    for state in states:
+        store.remember(state)
+    await StateServer(p2p, store, namespace=NAMESPACE).attach()
+    return store
+
+
+def same(a: StageState, b: StageState) -> bool:
+    return a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
+
+
+def test_units_come_from_every_holder_and_the_majority_digest_wins():
+    async def scenario():
+        async with connected_p2ps(4) as (asker, first, second, liar):
+            good, bad = stage_state(7), stage_state(7, seed=1)
+            await serve(first, good, stage_state(6))
+            await serve(second, good)
+            await serve(liar, bad)
+            return good, first, second, liar, await fetch_state(
+                asker, [liar.peer_id, first.peer_id, second.peer_id], step=7, units=UNITS, model=TINY,
+                namespace=NAMESPACE, timeout_s=30)
+
+    good, first, second, liar, (state, report) = asyncio.run(scenario())
+    assert same(state, good) and state.step == 7
+    assert set(report.sources) == {first.peer_id.to_base58(), second.peer_id.to_base58()}  # both, never the liar
+    assert report.bytes == sum(len(good.select([unit]).encode()) for unit in UNITS)
+
+
+def test_what_nobody_holds_is_named():
+    async def scenario():
+        async with connected_p2ps(2) as (asker, holder):
+            await serve(holder, stage_state(7).select(["blocks.2"]))
+            with pytest.raises(StateUnavailable, match="blocks.3, head of the state for step 7"):
+                await fetch_state(asker, [holder.peer_id], step=7, units=UNITS, model=TINY, namespace=NAMESPACE,
+                                  timeout_s=10)
+            with pytest.raises(StateUnavailable, match="for step 8"):
+                await fetch_state(asker, [holder.peer_id], step=8, units=["blocks.2"], model=TINY,
+                                  namespace=NAMESPACE, timeout_s=10)
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_on_disk_is_served(tmp_path):
+    checkpoints = CheckpointDir(tmp_path, "handofftest")
+    saved = stage_state(12)
+    checkpoints.save(saved, layers=(2, 4), model=TINY, plan_version=1)
+
+    async def scenario():
+        async with connected_p2ps(2) as (asker, holder):
+            await serve(holder, checkpoints=checkpoints)
+            return await fetch_state(asker, [holder.peer_id], step=12, units=UNITS, model=TINY,
+                                     namespace=NAMESPACE, timeout_s=30)
+
+    state, report = asyncio.run(scenario())
+    assert same(state, saved) and report.bytes > 0
+
+
+def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_switched():
+    async def scenario():
+        async with connected_p2ps(3) as (me, ahead, behind):
+            mine = StateStore()
+            mine.remember(stage_state(9))
+            (await serve(ahead, stage_state(9), stage_state(10))).version = 5  # applied step 9 before it switched
+            late = await serve(behind, stage_state(8))
+            late.version = 4  # still on the old plan: it applies step 8 a moment later, then switches
+
+            async def switch_later():
+                await asyncio.sleep(1.0)
+                late.remember(stage_state(9))
+                late.version = 5
+
+            switching = asyncio.create_task(switch_later())
+            agreed = await agree_on_step(me, [me.peer_id, ahead.peer_id, behind.peer_id], store=mine, version=5,
+                                         namespace=NAMESPACE, timeout_s=20, poll_s=0.2)
+            await switching
+            return agreed if switching.done() else None
+
+    assert asyncio.run(scenario()) == 9
