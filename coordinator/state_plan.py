@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, Progress
 
-__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "plan_state"]
+__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "newest_complete_checkpoint", "plan_state"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,7 +47,7 @@ def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection
     missing = _uncovered(holders.values(), n_layers)
     if not missing:
         return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders)))
-    resume = _newest_complete_checkpoint(records, alive, n_layers)
+    resume = newest_complete_checkpoint(records, alive, n_layers)
     if resume is not None:
         step, sources = resume
         why = "a fresh start" if fresh else f"no live replica of layers {_ranges(missing)}"
@@ -97,7 +97,7 @@ def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:
     return set(range(n_layers)) - covered
 
 
-def _newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int
+def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int
                                 ) -> tuple[int, list[str]] | None:
     """The newest step whose checkpoints, held by peers in view, cover every layer, and the peers that hold them."""
     by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from hetswarm.client.cli.render import render
+from hetswarm.client.cli.render import render, training_state_line
+from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Progress
+from tests.helpers.swarm_records import IDS, record
+from tests.test_training_correctness import _assignment
 
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
 
@@ -34,3 +38,26 @@ def test_progress_rows_show_step_loss_and_step_time():
 
 def test_no_progress_table_before_training():
     assert "training progress" not in printed(snapshot([]))
+
+
+def test_the_assignment_shows_the_step_the_last_complete_checkpoint_and_the_replicas_per_stage():
+    """A 2 × 2 plan: checkpoints cover both stages at step 8 and only stage 0 at step 12; one member took its state
+    from peers, one replica of stage 1 is gone."""
+    a, b, c, d = IDS[:4]
+    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "checkpoints": CheckpointPlan(
+        savers=[a, b], every=4)})
+    held = {a: [(12, [0, 2]), (8, [0, 2])], b: [(8, [2, 4])]}
+    records = {peer: record(peer).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=l) for s, l in
+                                                               held.get(peer, [])]}) for peer in (a, b, c)}
+    progress = {peer: Progress(peer_id=peer, assignment_version=3, step=step, loss=None, tokens_per_s=1.0,
+                               compute_s=0.1, wait_s=0.1, state_origin=origin, handoff_bytes=size, handoff_s=0.5,
+                               updated_at=0.0)
+                for peer, step, origin, size in ((a, 14, "kept", 0), (b, 14, "kept", 0), (c, 13, "handed off", 2**21))}
+    snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress=progress, read_at=0.0)
+    state = snap.to_json(IDS[9])["assignment"]["training_state"]
+    assert state["step"] == 14 and state["last_checkpoint"] == 8 and state["checkpoints_by_stage"] == [12, 8]
+    assert state["replicas"] == [2, 1] and state["replicas_training"] == [2, 1]  # d is gone
+    assert state["handoffs"][2] == {"peer_id": c, "name": None, "origin": "handed off", "bytes": 2**21, "seconds": 0.5}
+    line = training_state_line(state)
+    assert "step 14 · last checkpoint: step 8 (every 4 steps)" in line and "per stage: 2/2, 1/1" in line
+    assert "1 took their state from peers (2.0 MiB" in line

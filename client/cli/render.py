@@ -81,7 +81,23 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
     parts = ", ".join(f"{k} {v:.3f}" for k, v in assignment["breakdown"].items() if k != "step_s")
     lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
                  f"{assignment['followers']} peers follow this version")
+    if (state := assignment.get("training_state")) is not None:
+        lines.append(training_state_line(state))
     return Group(grid, *lines)
+
+
+def training_state_line(state: dict[str, Any]) -> str:
+    """Step, last complete checkpoint, replicas per stage (training / placed and present) and the hand-offs."""
+    every = f" (every {state['checkpoint_every']} steps)" if state["checkpoint_every"] else ""
+    checkpoint = f"step {state['last_checkpoint']}" if state["last_checkpoint"] is not None else "none"
+    replicas = ", ".join(f"{t}/{n}" for t, n in zip(state["replicas_training"], state["replicas"]))
+    moved = [h for h in state["handoffs"] if h["origin"] in ("handed off", "checkpoint")]
+    handed = (f"; {len(moved)} took their state from peers ({sum(h['bytes'] for h in moved) / 2**20:.1f} MiB, at most "
+              f"{max(h['seconds'] for h in moved):.1f} s)" if moved else "")
+    resumed = "; resumed from checkpoints" if state["resumed_from_checkpoint"] else ""
+    lost = f"; layers {state['seeded_layers']} restarted from the seed" if state["seeded_layers"] else ""
+    return (f"step {state['step'] if state['step'] is not None else '-'} · last checkpoint: {checkpoint}{every} · "
+            f"replicas training per stage: {replicas}{handed}{resumed}{lost}")
 
 
 def progress_table(snapshot: dict[str, Any]) -> Table:

@@ -16,6 +16,7 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.plan import cost_plan
+from hetswarm.coordinator.state_plan import newest_complete_checkpoint
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
@@ -97,13 +98,13 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
              "bandwidth_mbps": float(view.network.bandwidth_gbps[i, j]) * MBPS_PER_GBPS}
             for (i, j), how in sorted(view.estimated.items())],
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
-        "assignment": _current_assignment(snapshot.assignment(coordinator), records, view),
+        "assignment": _current_assignment(snapshot.assignment(coordinator), records, view, progress),
         "progress": [p.dict() for p in progress.values()],
     }
 
 
-def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord],
-                        view: SwarmView | None) -> dict[str, Any] | None:
+def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord], view: SwarmView | None,
+                        progress: dict[str, Progress]) -> dict[str, Any] | None:
     """The assignment to show, with names, sites and its bottleneck link filled in from the peers' records."""
     if assignment is None:
         return None
@@ -124,6 +125,38 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         "standbys": [who(p) for p in sorted(records) if p not in assignment.roles and records[p].state != "leaving"],
         "bottleneck_link": _bottleneck(assignment, view, placed, who),
         "followers": sum(r.assignment_version == assignment.version for r in records.values()),
+        "training_state": _training_state(assignment, records, progress),
+    }
+
+
+def _training_state(assignment: Assignment, records: dict[str, PeerRecord], progress: dict[str, Progress]
+                    ) -> dict[str, Any]:
+    """How far the plan got, how many replicas hold each stage, the checkpoints the peers in view hold, and where
+    each member's state came from (client/training/state_handoff.py)."""
+    under = {p: r for p, r in progress.items() if p == r.peer_id and p in assignment.roles
+             and r.assignment_version == assignment.version}
+    training = {p for p, r in under.items() if r.health == "training"}
+    present = {p for p, r in records.items() if r.state != "leaving"}
+    try:
+        complete = newest_complete_checkpoint(records, present, assignment.model_config().n_layers)
+    except (TypeError, ValueError):
+        complete = None
+    stages = range(assignment.d_pp)
+    plan = assignment.checkpoints
+    return {
+        "step": max((r.step for p, r in under.items() if p in training), default=None),
+        "replicas": [sum(chain[s] in present for chain in assignment.pipelines) for s in stages],
+        "replicas_training": [sum(chain[s] in training for chain in assignment.pipelines) for s in stages],
+        "last_checkpoint": complete[0] if complete else None,
+        "checkpoints_by_stage": [max((i.step for p in present for i in records[p].checkpoints
+                                      if i.layers == list(layers)), default=None) for layers in assignment.stage_layers],
+        "checkpoint_every": plan.every if plan else None,
+        "checkpoint_savers": plan.savers if plan else [],
+        "resumed_from_checkpoint": bool(assignment.handoff and assignment.handoff.resumed_from_checkpoint),
+        "seeded_layers": assignment.handoff.seeded_layers if assignment.handoff else [],
+        "handoffs": [{"peer_id": p, "name": records[p].public_name if p in records else None, "origin": r.state_origin,
+                      "bytes": r.handoff_bytes, "seconds": r.handoff_s}
+                     for p, r in sorted(under.items()) if r.state_origin is not None],
     }
 
 
