@@ -1,11 +1,17 @@
 """What a client does with an accepted assignment: train its stage in lock-step and say how it goes.
 
 The Volunteer hands every newly accepted Assignment to ``Trainer.follow`` as its own task. A newer version cancels
-the loop of the older one; the old StageWorker is closed before the new one starts (both serve the same handler
-names). A peer that keeps its stage keeps its weights and optimizer state across versions; a standby (no role in
-the plan) closes its worker and waits. After every step the client publishes a signed ``Progress`` record
-(step, loss, tokens/s, compute and waiting time), which the monitor shows and the demo compares with the plan's
-predicted step time.
+the loop of the older one, even while it is still starting; the old StageWorker is closed before the new one starts
+(both serve the same handler names). A standby (no role in the plan) closes its worker and waits. After every step
+the client publishes a signed ``Progress`` record (step, loss, tokens/s, compute and waiting time, and where its
+state came from), which the monitor shows and the demo compares with the plan's predicted step time.
+
+The state outlives the worker (client/training/state_handoff.py): after every committed step the trainer keeps a
+copy of it to hand off, and writes a checkpoint when the plan names it its stage's saver (checkpoints.py). A new
+plan starts at the newest step all its state sources hold; the stage starts from this peer's own copy when it has
+one, else from the plan's sources (replicas, or checkpoint holders when the swarm resumes), else from the seed
+where the plan says so. The state server runs for the trainer's whole life, so that a peer that moved away still
+serves the stage it left.
 
 Peers switch plans at slightly different moments (each polls the assignment key), so a new worker first waits
 until its neighbours and stage group publish the same version in their peer records. Steps are all-or-nothing
