@@ -5,7 +5,8 @@ from rich.console import Console
 
 from hetswarm.client.cli.render import render, training_state_line
 from hetswarm.client.peer.snapshot import SwarmSnapshot
-from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Progress
+from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress
 from tests.helpers.swarm_records import IDS, record
 from tests.test_training_correctness import _assignment
 
@@ -40,24 +41,56 @@ def test_no_progress_table_before_training():
     assert "training progress" not in printed(snapshot([]))
 
 
+def _progress(peer: str, step: int, **fields) -> Progress:
+    return Progress(peer_id=peer, assignment_version=3, step=step, loss=None, tokens_per_s=1.0, compute_s=0.1,
+                    wait_s=0.1, updated_at=0.0, **fields)
+
+
+def _with_checkpoints(peer: str, held: list[tuple[int, list[int]]], state: str = "training") -> PeerRecord:
+    return record(peer, state=state).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=l) for s, l in held]})
+
+
 def test_the_assignment_shows_the_step_the_last_complete_checkpoint_and_the_replicas_per_stage():
-    """A 2 × 2 plan: checkpoints cover both stages at step 8 and only stage 0 at step 12; one member took its state
-    from peers, one replica of stage 1 is gone."""
+    """A 2 × 2 plan: checkpoints cover both stages at step 8 and only stage 0 at step 12 (the leaving peer's stage 1
+    checkpoint of step 12 does not count); one member took its state from peers; one replica of stage 1 is leaving."""
     a, b, c, d = IDS[:4]
     assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "checkpoints": CheckpointPlan(
         savers=[a, b], every=4)})
-    held = {a: [(12, [0, 2]), (8, [0, 2])], b: [(8, [2, 4])]}
-    records = {peer: record(peer).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=l) for s, l in
-                                                               held.get(peer, [])]}) for peer in (a, b, c)}
-    progress = {peer: Progress(peer_id=peer, assignment_version=3, step=step, loss=None, tokens_per_s=1.0,
-                               compute_s=0.1, wait_s=0.1, state_origin=origin, handoff_bytes=size, handoff_s=0.5,
-                               updated_at=0.0)
-                for peer, step, origin, size in ((a, 14, "kept", 0), (b, 14, "kept", 0), (c, 13, "handed off", 2**21))}
+    records = {a: _with_checkpoints(a, [(12, [0, 2]), (8, [0, 2])]), b: _with_checkpoints(b, [(8, [2, 4])]),
+               c: _with_checkpoints(c, []), d: _with_checkpoints(d, [(12, [2, 4])], state="leaving")}
+    progress = {a: _progress(a, 14, state_origin="kept"), b: _progress(b, 14, state_origin="kept"),
+                c: _progress(c, 13, state_origin="handed off", handoff_bytes=2**21, handoff_s=0.5),
+                d: _progress(d, 14, state_origin="kept")}
+    snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress=progress, read_at=0.0)
+    json_snapshot = snap.to_json(IDS[9])
+    state = json_snapshot["assignment"]["training_state"]
+    assert state["step"] == 14 and state["last_checkpoint"] == 8 and state["checkpoints_by_stage"] == [12, 8]
+    assert state["replicas"] == [2, 1] and state["replicas_training"] == [2, 1]  # d is leaving
+    assert state["checkpoint_savers"] == [a, b] and state["checkpoint_every"] == 4
+    assert state["resumed_from_checkpoint"] is False and state["seeded_layers"] == []
+    assert state["handoffs"][2] == {"peer_id": c, "name": None, "origin": "handed off", "bytes": 2**21, "seconds": 0.5}
+    text = " ".join(printed(json_snapshot).split())  # the live view, its wrapped lines joined
+    assert "step 14 · last checkpoint: step 8 (every 4 steps)" in text and "per stage: 2/2, 1/1" in text
+    assert f"state: 3 kept, 1 handed off 2.0 MiB in 0.5 s to {short_id(c)}" in text
+
+
+def test_a_resume_shows_where_the_state_came_from_and_the_seeded_layers():
+    """A plan resumed from checkpoints with layers [2, 4) lost, and no checkpoint plan: no saver for any stage."""
+    a, b, c, d = IDS[:4]
+    handoff = Handoff(sources=[a], seeded_layers=[[2, 4]], resumed_from_checkpoint=True)
+    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "handoff": handoff})
+    records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
+    progress = {a: _progress(a, 3, state_origin="checkpoint", handoff_bytes=3 * 2**10, handoff_s=1.5),
+                b: _progress(b, 5, state_origin="seed", health="retrying", reason="test"),
+                c: _progress(c, 3, state_origin="kept"), d: _progress(IDS[4], 9)}  # d's slot: signed by another
     snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress=progress, read_at=0.0)
     state = snap.to_json(IDS[9])["assignment"]["training_state"]
-    assert state["step"] == 14 and state["last_checkpoint"] == 8 and state["checkpoints_by_stage"] == [12, 8]
-    assert state["replicas"] == [2, 1] and state["replicas_training"] == [2, 1]  # d is gone
-    assert state["handoffs"][2] == {"peer_id": c, "name": None, "origin": "handed off", "bytes": 2**21, "seconds": 0.5}
+    assert state["step"] == 3 and state["replicas"] == [2, 2] and state["replicas_training"] == [2, 0]
+    assert state["last_checkpoint"] is None and state["checkpoints_by_stage"] == [None, None]
+    assert state["checkpoint_savers"] == [None, None] and state["checkpoint_every"] is None
+    assert state["resumed_from_checkpoint"] is True and state["seeded_layers"] == [[2, 4]]
+    assert [h["origin"] for h in state["handoffs"]] == ["checkpoint", "seed", "kept"]
     line = training_state_line(state)
-    assert "step 14 · last checkpoint: step 8 (every 4 steps)" in line and "per stage: 2/2, 1/1" in line
-    assert "1 took their state from peers (2.0 MiB" in line
+    assert line.startswith("step 3 · last checkpoint: none · replicas training per stage: 2/2, 0/2")
+    assert f"state: 1 from the seed, 1 kept, 1 from checkpoints 3.0 KiB in 1.5 s to {short_id(a)}" in line
+    assert line.endswith("; resumed from checkpoints; layers [[2, 4]] restarted from the seed")

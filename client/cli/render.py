@@ -87,17 +87,41 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
 
 
 def training_state_line(state: dict[str, Any]) -> str:
-    """Step, last complete checkpoint, replicas per stage (training / placed and present) and the hand-offs."""
+    """Step, last complete checkpoint, replicas per stage (training / placed and present) and the members' state."""
     every = f" (every {state['checkpoint_every']} steps)" if state["checkpoint_every"] else ""
     checkpoint = f"step {state['last_checkpoint']}" if state["last_checkpoint"] is not None else "none"
     replicas = ", ".join(f"{t}/{n}" for t, n in zip(state["replicas_training"], state["replicas"]))
-    moved = [h for h in state["handoffs"] if h["origin"] in ("handed off", "checkpoint")]
-    handed = (f"; {len(moved)} took their state from peers ({sum(h['bytes'] for h in moved) / 2**20:.1f} MiB, at most "
-              f"{max(h['seconds'] for h in moved):.1f} s)" if moved else "")
+    origins = _state_origins(state["handoffs"])
     resumed = "; resumed from checkpoints" if state["resumed_from_checkpoint"] else ""
     lost = f"; layers {state['seeded_layers']} restarted from the seed" if state["seeded_layers"] else ""
     return (f"step {state['step'] if state['step'] is not None else '-'} · last checkpoint: {checkpoint}{every} · "
-            f"replicas training per stage: {replicas}{handed}{resumed}{lost}")
+            f"replicas training per stage: {replicas}{f' · state: {origins}' if origins else ''}{resumed}{lost}")
+
+
+_ORIGINS = {"seed": "from the seed", "kept": "kept", "handed off": "handed off", "checkpoint": "from checkpoints"}
+
+
+def _state_origins(handoffs: list[dict[str, Any]]) -> str:
+    """E.g. "2 kept, 1 handed off 2.0 MiB in 0.5 s to …abc123": members by where their state came from; for those
+    that downloaded it, the bytes in all, the slowest one's seconds (they download at once) and who."""
+    parts = []
+    for origin, label in _ORIGINS.items():
+        if not (members := [h for h in handoffs if h["origin"] == origin]):
+            continue
+        part = f"{len(members)} {label}"
+        if origin in ("handed off", "checkpoint"):
+            who = ", ".join(h["name"] or short_id(h["peer_id"]) for h in members)
+            part += (f" {_size(sum(h['bytes'] for h in members))} in {max(h['seconds'] for h in members):.1f} s "
+                     f"to {who}")
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} B"
 
 
 def progress_table(snapshot: dict[str, Any]) -> Table:

@@ -3,7 +3,8 @@
 `SwarmSnapshot.to_json` is the shape `hetswarm monitor --json` prints: beside the peers and their links, the
 current assignment (the pinned coordinator's, or the newest version anyone published) with the stage × replica
 grid of peer names and sites, each pipeline's chain, the bottleneck link priced on the links as the coordinator
-sees them (unmeasured ones estimated and flagged), and the predicted step time.
+sees them (unmeasured ones estimated and flagged), the predicted step time, and the training state: the step, the
+newest checkpoint that covers the model, the live replicas of each stage, and where each member's state came from.
 """
 from __future__ import annotations
 
@@ -146,12 +147,12 @@ def _training_state(assignment: Assignment, records: dict[str, PeerRecord], prog
     return {
         "step": max((r.step for p, r in under.items() if p in training), default=None),
         "replicas": [sum(chain[s] in present for chain in assignment.pipelines) for s in stages],
-        "replicas_training": [sum(chain[s] in training for chain in assignment.pipelines) for s in stages],
+        "replicas_training": [sum(chain[s] in present & training for chain in assignment.pipelines) for s in stages],
         "last_checkpoint": complete[0] if complete else None,
         "checkpoints_by_stage": [max((i.step for p in present for i in records[p].checkpoints
                                       if i.layers == list(layers)), default=None) for layers in assignment.stage_layers],
         "checkpoint_every": plan.every if plan else None,
-        "checkpoint_savers": plan.savers if plan else [],
+        "checkpoint_savers": plan.savers if plan else [None] * assignment.d_pp,
         "resumed_from_checkpoint": bool(assignment.handoff and assignment.handoff.resumed_from_checkpoint),
         "seeded_layers": assignment.handoff.seeded_layers if assignment.handoff else [],
         "handoffs": [{"peer_id": p, "name": records[p].public_name if p in records else None, "origin": r.state_origin,

@@ -288,7 +288,30 @@ function renderPlan(state) {
   items.push(el("li", {}, `predicted step ${fmt(a.predicted_step_s, 3)} s${parts ? ` (${parts})` : ""}; ` +
                           `${a.followers} peers follow this version`));
   if (a.standbys.length) items.push(el("li", {}, "standby: " + a.standbys.map(peerLabel).join(", ")));
+  if (a.training_state) items.push(el("li", {class: "training-state"}, trainingStateText(a.training_state)));
   notes.replaceChildren(...items);
+}
+
+// The same line as the terminal's (training_state_line in client/cli/render.py).
+const ORIGINS = {"seed": "from the seed", "kept": "kept", "handed off": "handed off", "checkpoint": "from checkpoints"};
+
+function trainingStateText(t) {
+  const every = t.checkpoint_every ? ` (every ${t.checkpoint_every} steps)` : "";
+  const checkpoint = t.last_checkpoint === null ? "none" : `step ${t.last_checkpoint}`;
+  const replicas = t.replicas.map((n, s) => `${t.replicas_training[s]}/${n}`).join(", ");
+  const origins = Object.entries(ORIGINS).map(([origin, label]) => {
+    const members = t.handoffs.filter((h) => h.origin === origin);
+    if (!members.length) return null;
+    if (origin !== "handed off" && origin !== "checkpoint") return `${members.length} ${label}`;
+    const mib = members.reduce((sum, h) => sum + h.bytes, 0) / 2 ** 20;
+    const slowest = Math.max(...members.map((h) => h.seconds));
+    return `${members.length} ${label} ${fmt(mib, 1)} MiB in ${fmt(slowest, 1)} s to ` +
+      members.map(peerLabel).join(", ");
+  }).filter(Boolean).join(", ");
+  return `step ${t.step === null ? "-" : t.step} · last checkpoint: ${checkpoint}${every} · ` +
+    `replicas training per stage: ${replicas}${origins ? ` · state: ${origins}` : ""}` +
+    `${t.resumed_from_checkpoint ? "; resumed from checkpoints" : ""}` +
+    `${t.seeded_layers.length ? `; layers ${JSON.stringify(t.seeded_layers)} restarted from the seed` : ""}`;
 }
 
 // --- charts -------------------------------------------------------------------------------------------------------
