@@ -394,14 +394,15 @@ class Replanner:
         if sticky is None:
             return searched, moves.describe()
         gain_s = sticky.live.total_s - searched.live.total_s
-        extra_s = moves.seconds - migration(kept, held, view, model).seconds
+        staying = migration(kept, held, view, model)
+        extra_s = moves.seconds - staying.seconds
         if gain_s >= self.config.improvement * sticky.live.total_s and gain_s * self.config.payback_steps > extra_s:
             faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
             if not moves.moves:
                 return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"
             return searched, (f"{moves.describe()}: {faster} and pays back its {max(extra_s, 0):.1f} s of hand-off "
                               f"in {math.ceil(max(extra_s, 0) / gain_s)} steps")
-        return sticky, migration(kept, held, view, model).describe()
+        return sticky, staying.describe()
 
     def _refuse(self, message: str, level: int = logging.WARNING) -> None:
         if message != self._last_refusal:  # once per situation, not once per poll

@@ -23,13 +23,12 @@ import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
-from hetswarm.client.training.stage_state import StageState, decode_tensors
+from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
 
 __all__ = ["ReplicaSync"]
 
 logger = logging.getLogger(__name__)
 
-_PART_BYTES = 1 << 20
 
 
 class ReplicaSync(ServicerBase):
@@ -124,5 +123,5 @@ class ReplicaSync(ServicerBase):
         if checked is None:
             return
         snapshot = checked[1]
-        for offset in range(0, len(snapshot), _PART_BYTES):
-            yield runtime_pb2.ExpertResponse(metadata=snapshot[offset:offset + _PART_BYTES])
+        for part in byte_parts(snapshot):
+            yield runtime_pb2.ExpertResponse(metadata=part)

@@ -18,17 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["StageState", "decode_tensors", "encode_tensors", "unit_of", "units_of_layers"]
+__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "unit_of", "units_of_layers"]
 
 _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)}
 _HEADER = struct.Struct("<I")
 _MAX_TENSOR_HEADER = 1024
+_PART_BYTES = 1 << 20
+"""Bytes per stream message when a state is sent (hivemind: keep messages well under 4 MiB)."""
 
 
 def unit_of(name: str) -> str:
@@ -113,6 +116,12 @@ class StageState:
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
+
+
+def byte_parts(blob: bytes) -> Iterator[bytes]:
+    """An encoded state cut into the stream messages that carry it."""
+    for offset in range(0, len(blob), _PART_BYTES):
+        yield blob[offset:offset + _PART_BYTES]
 
 
 def encode_tensors(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -32,7 +32,7 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError
-from hetswarm.client.training.stage_state import StageState, decode_tensors
+from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
 
@@ -41,7 +41,6 @@ __all__ = ["HandoffReport", "StateServer", "StateStore", "StateUnavailable", "ag
 
 logger = logging.getLogger(__name__)
 
-_PART_BYTES = 1 << 20
 _MAX_REQUEST_BYTES = 64 * 1024
 _STATES_PER_STAGE = 2
 _STAGES_KEPT = 2
@@ -115,7 +114,7 @@ class StateServer(ServicerBase):
 
     def __init__(self, p2p: P2P, store: StateStore, *, namespace: str) -> None:
         self.p2p, self.store, self.namespace = p2p, store, namespace
-        self._encoded: dict[tuple[int, str], bytes] = {}
+        self._encoded: dict[tuple[int, str], tuple[bytes, str]] = {}
         self._uploads = asyncio.Semaphore(_CONCURRENT_UPLOADS)
 
     async def attach(self) -> None:
@@ -124,15 +123,21 @@ class StateServer(ServicerBase):
     async def detach(self) -> None:
         await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
-    async def _encoded_unit(self, step: int, unit: str) -> bytes | None:
-        if (step, unit) not in self._encoded:
-            state = await asyncio.to_thread(self.store.find, step, [unit])
-            if state is None:
-                return None
-            if any(cached_step != step for cached_step, _ in self._encoded):
-                self._encoded.clear()  # one step's encodings at a time
-            self._encoded[step, unit] = await asyncio.to_thread(state.encode)
-        return self._encoded[step, unit]
+    async def _encodings(self, step: int, units: list[str]) -> dict[str, tuple[bytes, str]]:
+        """(encoding, SHA-256 hex) of each of ``units`` held at ``step``; one lookup for them all when one state holds
+        them (a checkpoint is then read and checked once), and cached for the step."""
+        if any(cached_step != step for cached_step, _ in self._encoded):
+            self._encoded.clear()  # one step's encodings at a time
+        wanted = [unit for unit in units if (step, unit) not in self._encoded]
+        if wanted:
+            found = await asyncio.to_thread(self.store.find, step, wanted)
+            states = [found] if found is not None else [
+                await asyncio.to_thread(self.store.find, step, [unit]) for unit in wanted]
+            for state in (state for state in states if state is not None):
+                for unit in state.units:
+                    blob = await asyncio.to_thread(state.select([unit]).encode)
+                    self._encoded[step, unit] = (blob, hashlib.sha256(blob).hexdigest())
+        return {unit: self._encoded[step, unit] for unit in units if (step, unit) in self._encoded}
 
     async def rpc_state_info(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                              ) -> runtime_pb2.ExpertResponse:
@@ -142,10 +147,7 @@ class StateServer(ServicerBase):
         except (RejectedInput, KeyError, TypeError, ValueError) as e:
             logger.info(f"Refused a state request from {context.remote_id}: {e}")
             return runtime_pb2.ExpertResponse()
-        held = {}
-        for unit in units:
-            if (blob := await self._encoded_unit(step, unit)) is not None:
-                held[unit] = [hashlib.sha256(blob).hexdigest(), len(blob)]
+        held = {unit: [digest, len(blob)] for unit, (blob, digest) in (await self._encodings(step, units)).items()}
         return runtime_pb2.ExpertResponse(metadata=json.dumps(held).encode())
 
     async def rpc_state_newest(self, request: runtime_pb2.ExpertRequest, context: P2PContext
@@ -162,11 +164,11 @@ class StateServer(ServicerBase):
             logger.info(f"Refused a state request from {context.remote_id}: {e}")
             return
         async with self._uploads:
-            blob = await self._encoded_unit(step, unit)
-            if blob is None or hashlib.sha256(blob).hexdigest() != digest:
+            held = (await self._encodings(step, [unit])).get(unit)
+            if held is None or held[1] != digest:
                 return
-            for offset in range(0, len(blob), _PART_BYTES):
-                yield runtime_pb2.ExpertResponse(metadata=blob[offset:offset + _PART_BYTES])
+            for part in byte_parts(held[0]):
+                yield runtime_pb2.ExpertResponse(metadata=part)
 
 
 async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str],
