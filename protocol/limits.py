@@ -1,7 +1,7 @@
 """Byte, count and time limits that every hetswarm node enforces on what it stores or receives."""
 
 MAX_RECORD_BYTES = 48 * 1024
-"""Largest signed DHT value; hivemind's DHT process crashes on values over ~64 KiB (docs/hivemind.md, pitfall 1)."""
+"""Largest signed DHT value: records are small by design (docs/hivemind.md, pitfall 1, for the bug large values hit)."""
 
 MAX_LINKS_PER_RECORD = 256
 """Link measurements one PeerRecord may carry; keeps a record of a big swarm under MAX_RECORD_BYTES."""

@@ -83,6 +83,7 @@ class OwnedDHT(hivemind.DHT):
     def run(self) -> None:
         """In the DHT process: hivemind's serving loop, plus the thread that ends it when our parent dies."""
         threading.Thread(target=self._end_when_orphaned, name="hetswarm-parent-watch", daemon=True).start()
+        self._inner_pipe = WholeMessagePipe(self._inner_pipe)
         try:
             super().run()
         finally:  # normally p2pd is already gone (awaited in shutdown); not when the node failed half-way
@@ -106,6 +107,34 @@ class OwnedDHT(hivemind.DHT):
         daemons = _children_of(self.pid) if self.pid is not None and self.is_alive() else []
         super().shutdown()
         _end_processes(daemons)
+
+
+class WholeMessagePipe:
+    """The DHT process's end of the command pipe from its parent, read one whole message at a time.
+
+    hivemind's DHT loop watches this pipe with `loop.add_reader`, which (under uvloop, libuv's uv_poll_init) makes
+    the descriptor non-blocking. `Connection.send` writes a message over 16 KiB as two writes, the length and then
+    the body, so the loop can wake on the length alone; `recv` then reads part of the body, raises BlockingIOError,
+    hivemind logs it and goes on with the rest of the body left in the pipe, and every later command is garbage:
+    the node stops answering and the caller hangs (hivemind/dht/dht.py, `_run`). That is why storing a ~32 KB record
+    killed a node (docs/hivemind.md, pitfall 1). Reading each message in blocking mode waits the microseconds the
+    parent takes to write the body.
+    """
+
+    def __init__(self, connection) -> None:
+        self._connection = connection
+
+    def recv(self):
+        descriptor = self._connection.fileno()
+        was_blocking = os.get_blocking(descriptor)
+        os.set_blocking(descriptor, True)
+        try:
+            return self._connection.recv()
+        finally:
+            os.set_blocking(descriptor, was_blocking)
+
+    def __getattr__(self, name: str):
+        return getattr(self._connection, name)
 
 
 def _children_of(pid: int) -> list[psutil.Process]:
