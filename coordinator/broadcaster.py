@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import hivemind
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
@@ -42,8 +43,17 @@ from hetswarm.coordinator.state_plan import checkpoint_plan, plan_state
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
-from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, PeerRole, Progress
+from hetswarm.protocol.limits import MAX_REFUSED_PER_RECORD
+from hetswarm.protocol.record_store import SwarmRecords, check_ttl
+from hetswarm.protocol.records import (
+    Assignment,
+    CheckpointPlan,
+    Handoff,
+    PeerRecord,
+    PeerRole,
+    Progress,
+    Refusals,
+)
 
 __all__ = ["BroadcastConfig", "Broadcaster", "build_assignment", "troubles"]
 
@@ -82,9 +92,9 @@ class BroadcastConfig:
         if self.checkpoint_every < 1 or self.lost_state_wait_s < 0 or (self.checkpoint_every_s or 1) <= 0:
             raise ConfigError(f"need checkpoint_every >= 1 and lost_state_wait_s >= 0, got {self.checkpoint_every} "
                               f"and {self.lost_state_wait_s}")
-        if self.ttl_s < 2 or self.interval_s <= 0 or self.request_timeout_s <= 0:
-            raise ConfigError(f"bad timing: ttl_s={self.ttl_s} (>= 2), interval_s={self.interval_s}, "
-                             f"request_timeout_s={self.request_timeout_s}")
+        check_ttl(self.ttl_s)
+        if self.interval_s <= 0 or self.request_timeout_s <= 0:
+            raise ConfigError(f"bad timing: interval_s={self.interval_s}, request_timeout_s={self.request_timeout_s}")
 
 
 def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -131,11 +141,12 @@ class Broadcaster:
     """The coordinator's loop (module docstring); it starts from what a previous run left in `config.state_path`."""
 
     def __init__(self, dht: hivemind.DHT, *, private_key: RSAPrivateKey, coordinator_id: str,
-                 replanner: Replanner, config: BroadcastConfig):
+                 replanner: Replanner, config: BroadcastConfig, admission: Admission | None = None):
         state = load_state(config.state_path, coordinator_id) if config.state_path is not None else None
         self.dht, self.private_key, self.coordinator_id = dht, private_key, coordinator_id
         self.records = SwarmRecords(dht, config.swarm, private_key=private_key, timeout_s=config.request_timeout_s)
         self.replanner, self.config = replanner, config
+        self.admission = admission or Admission(swarm=config.swarm)
         self.assignment: Assignment | None = None
         """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
@@ -147,33 +158,68 @@ class Broadcaster:
         self._saved: CoordinatorState | None = state
         self._peers: dict[str, PeerRecord] = {}
         """The peers' records of the last read."""
+        self._not_admitted: dict[str, str] = {}
+        """Peers of the last read that the admission rule refused, with the reason."""
+        self._refusals: dict[str, str] = {}
+        """The refused peers last published."""
+        self._refusals_published_at = -math.inf
         self._pending: tuple[Proposal, str] | None = None
         """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
         self._state_missing_since: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Plans and publishes until `stop` is set."""
+        """Plans and publishes until `stop` is set; a round that fails on something unforeseen is logged and the
+        next one goes on (one bad input must not stop the coordinator of a whole swarm)."""
         await self._recover()
         try:
             while not stop.is_set():
-                records = await self._read(PEERS_FIELD)
-                if records is not None:
-                    self._peers = records
-                    self._keep_above(highest_followed_version(records))
-                    if self._taking_over is not None:
-                        self._take_over(records)
-                    decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
-                    if decision is not None or self._pending is not None:
-                        await self._announce(*(decision or self._pending), version=self.state.version + 1)
-                await self._track_progress()
-                if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
-                    await self._publish()
+                try:
+                    await self._round()
+                except Exception as e:
+                    logger.exception(f"A coordinator round failed ({type(e).__name__}: {e}); going on")
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.config.interval_s)
                 except TimeoutError:
                     pass
         finally:
             self._save_state(force=True)
+
+    async def _round(self) -> None:
+        """One read of the swarm: admit, plan, publish what changed, follow the plan's progress."""
+        plan = self.state.assignment
+        records = await self._read(PEERS_FIELD, prefer=plan.roles if plan is not None else ())
+        if records is not None:
+            records, self._not_admitted = self.admission.screen(records)
+            self._peers = records
+            self._keep_above(highest_followed_version(records, members=plan.roles if plan is not None else None))
+            if self._taking_over is not None:
+                self._take_over(records)
+            decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
+            if decision is not None or self._pending is not None:
+                await self._announce(*(decision or self._pending), version=self.state.version + 1)
+        await self._track_progress()
+        if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
+            await self._publish()
+        await self._publish_refusals()
+
+    async def _publish_refusals(self) -> None:
+        """The peers not planned and why, for the monitor: at each change, and every TTL/2 while there are any."""
+        refused = dict(sorted((self._not_admitted | self.replanner.left_out(time.monotonic())).items()))
+        refused = dict(list(refused.items())[:MAX_REFUSED_PER_RECORD])
+        due = time.monotonic() - self._refusals_published_at >= self.config.ttl_s / 2
+        if refused == self._refusals and not (refused and due):
+            return
+        for peer, why in refused.items():
+            if peer not in self._refusals:
+                logger.warning(f"Not planning peer {peer}: {why}")
+        record = Refusals(coordinator_id=self.coordinator_id, refused={p: w[:160] for p, w in refused.items()},
+                          updated_at=get_dht_time())
+        try:
+            stored = await self.records.publish(record, ttl_s=self.config.ttl_s)
+        except TimeoutError:
+            stored = False
+        if stored:
+            self._refusals, self._refusals_published_at = refused, time.monotonic()
 
     async def _recover(self) -> None:
         """Versions above anything the swarm has seen of us, and the plan in force handed to the replanner."""
@@ -182,7 +228,7 @@ class Broadcaster:
         saved, in_force = self.state.version, self.state.assignment
         if ours is not None and (in_force is None or ours.version > in_force.version):
             in_force = ours
-        followed = highest_followed_version(peers)
+        followed = highest_followed_version(peers, members=in_force.roles if in_force is not None else None)
         highest = max(saved, ours.version if ours is not None else 0, followed)
         self._keep_above(highest)
         if in_force is not None:
@@ -298,10 +344,10 @@ class Broadcaster:
             logger.warning(f"No DHT node took assignment v{self.assignment.version}; retrying")
             self._published_at = -math.inf
 
-    async def _read(self, field: str) -> dict | None:
+    async def _read(self, field: str, *, prefer: Collection[str] = ()) -> dict | None:
         """The swarm's records under one key; None (not an empty swarm) when the read timed out."""
         try:
-            return await self.records.read(field)
+            return await self.records.read(field, prefer=prefer)
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None

@@ -273,6 +273,11 @@ class Replanner:
         elif stalled and not self._trouble and now - self._restarted_at >= self.config.retry_s:
             self._trouble = f"stalled: {_short(frozenset(stalled))} ({next(iter(stalled.values()))[:80]})"
 
+    def left_out(self, now: float) -> dict[str, str]:
+        """Peers left out of planning for now, with the reason (for the coordinator's Refusals record)."""
+        return {peer: f"left out for {until - now:.0f} s more: members of the plan could not reach it"
+                for peer, until in self._suspects.items() if until > now}
+
     def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
         self._suspects = {peer: until for peer, until in self._suspects.items() if until > now}

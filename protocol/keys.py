@@ -11,6 +11,7 @@ _SWARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PEERS_FIELD = "peers"
 ASSIGNMENT_FIELD = "assignment"
 PROGRESS_FIELD = "progress"
+REFUSED_FIELD = "refused"
 
 
 def check_swarm_name(swarm: str) -> str:

@@ -12,6 +12,16 @@ MAX_PEERS_PER_ASSIGNMENT = 512
 MAX_UNREACHABLE_PER_RECORD = 16
 """Peers one Progress record may name as unreachable."""
 
+MAX_REFUSED_PER_RECORD = 64
+"""Refused peers the coordinator's Refusals record names (the first, by peer id, when there are more)."""
+
+MAX_RECORDS_PER_KEY = 1024
+"""Records one reader accepts under one of a swarm's keys: a Sybil flood of identities cannot make it parse and
+plan an unbounded number (the peers of the plan in force and the newest records first)."""
+
+MAX_TOKEN_CHARS = 512
+"""Longest join token (protocol/join_tokens.py); a base64 RSA-2048 signature is 344 characters."""
+
 MAX_CHECKPOINTS_PER_RECORD = 8
 """Checkpoints one PeerRecord may list."""
 
@@ -26,3 +36,25 @@ MAX_FRAME_BYTES = 1024 * 1024 * 1024
 
 DHT_TIMEOUT_S = 10.0
 """Deadline of one DHT read or store; hivemind's own calls have none."""
+
+MAX_RECORD_TTL_S = 3600.0
+"""Longest a record may live in the DHT: every node refuses an expiration further ahead (protocol/signing.py)."""
+
+MAX_CLOCK_SKEW_S = 30.0
+"""How far in the future a record's own timestamp may be (hivemind peers refuse clocks 3 s apart)."""
+
+# Physical bounds of what a record may claim; every node refuses a record outside them (protocol/records.py).
+MAX_LATENCY_MS = 60_000.0
+"""One-way latency: a minute is far beyond any link that can train."""
+MAX_BANDWIDTH_MBPS = 1_000_000.0
+"""1 Tbit/s, above the fastest network card."""
+MAX_TFLOPS = 10_000.0
+"""Above any single accelerator (an H100 does about 990 dense bf16 TFLOPS)."""
+MAX_MEMORY_GIB = 16_384.0
+MAX_SECONDS = 1_000_000.0
+"""Any duration a record reports (step compute, waits, hand-offs, predictions): about 11 days."""
+MAX_STEP = 10**9
+"""Steps and plan versions: a billion steps is beyond any run; keeps counters far from msgpack's int64 edge."""
+MAX_LOSS = 1_000_000.0
+MAX_TIMESTAMP = 1e11
+"""DHT times (seconds since 1970) below this: the year 5138."""

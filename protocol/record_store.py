@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 
 import pydantic.v1 as pydantic
 from hivemind import DHT
@@ -11,9 +12,16 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.protocol.errors import ConfigError, RecordTooLarge
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, check_swarm_name, dht_key
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES
-from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress
+from hetswarm.protocol.keys import (
+    ASSIGNMENT_FIELD,
+    PEERS_FIELD,
+    PROGRESS_FIELD,
+    REFUSED_FIELD,
+    check_swarm_name,
+    dht_key,
+)
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S, MAX_RECORDS_PER_KEY
+from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
 from hetswarm.protocol.signing import owner_peer_id
 
 logger = logging.getLogger(__name__)
@@ -22,7 +30,7 @@ SIGNATURE_BYTES = 400
 """Room left for the `[signature:...]` suffix (a base64 RSA-2048 PSS signature is 344 bytes)."""
 
 SCHEMAS: dict[str, type[pydantic.BaseModel]] = {PEERS_FIELD: PeerRecord, ASSIGNMENT_FIELD: Assignment,
-                                                PROGRESS_FIELD: Progress}
+                                                PROGRESS_FIELD: Progress, REFUSED_FIELD: Refusals}
 """The schema of each of a swarm's keys; the validators install the same (signing.py)."""
 FIELDS: dict[type[pydantic.BaseModel], str] = {schema: field for field, schema in SCHEMAS.items()}
 
@@ -31,6 +39,13 @@ def owner_subkey(private_key: RSAPrivateKey) -> bytes:
     """The subkey that makes a record ours: RSASignatureValidator signs only subkeys holding our owner marker."""
     public_key = private_key.get_public_key().to_bytes()
     return RSASignatureValidator.PUBLIC_KEY_FORMAT.replace(b"_key_", public_key)
+
+
+def check_ttl(ttl_s: float) -> float:
+    """A record lifetime every node accepts (protocol/signing.py, LifetimeValidator); ConfigError otherwise."""
+    if not 2 <= ttl_s <= MAX_RECORD_TTL_S:
+        raise ConfigError(f"a record's ttl must be between 2 and {MAX_RECORD_TTL_S:.0f} s, got {ttl_s}")
+    return ttl_s
 
 
 def encode_record(record: pydantic.BaseModel) -> dict:
@@ -48,15 +63,18 @@ class SwarmRecords:
     """One swarm's signed records on a DHT: the schema follows from the key, and every call has a deadline.
 
     Readers get every valid record by the peer id of its signer (records that fail the schema are skipped and
-    logged); a read or a store that takes longer than `timeout_s` raises TimeoutError (hivemind's DHT calls
-    take no deadline of their own), so no loop of ours waits forever on a stuck DHT.
+    logged), at most `max_records` of them per key: anyone can make identities, so beyond that the records of the
+    `prefer`red peers (a plan's members) and then the longest-lived ones are kept. A read or a store that takes
+    longer than `timeout_s` raises TimeoutError (hivemind's DHT calls take no deadline of their own), so no loop
+    of ours waits forever on a stuck DHT.
     """
 
     def __init__(self, dht: DHT, swarm: str, *, private_key: RSAPrivateKey | None = None,
-                 timeout_s: float = DHT_TIMEOUT_S) -> None:
-        if timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+                 timeout_s: float = DHT_TIMEOUT_S, max_records: int = MAX_RECORDS_PER_KEY) -> None:
+        if timeout_s <= 0 or max_records < 1:
+            raise ConfigError(f"need timeout_s > 0 and max_records >= 1, got {timeout_s} and {max_records}")
         self.dht, self.swarm, self.private_key, self.timeout_s = dht, check_swarm_name(swarm), private_key, timeout_s
+        self.max_records = max_records
 
     async def peers(self) -> dict[PeerId, PeerRecord]:
         return await self.read(PEERS_FIELD)
@@ -67,24 +85,33 @@ class SwarmRecords:
     async def progress(self) -> dict[PeerId, Progress]:
         return await self.read(PROGRESS_FIELD)
 
-    async def read(self, field: str) -> dict[PeerId, pydantic.BaseModel]:
-        """Every valid record under one of the swarm's keys, by signer; TimeoutError past the deadline."""
+    async def refusals(self) -> dict[PeerId, Refusals]:
+        return await self.read(REFUSED_FIELD)
+
+    async def read(self, field: str, *, prefer: Collection[PeerId] = ()) -> dict[PeerId, pydantic.BaseModel]:
+        """Valid records under one of the swarm's keys, by signer (class docstring); TimeoutError past the
+        deadline."""
         schema = SCHEMAS[field]
         async with asyncio.timeout(self.timeout_s):
             found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
+        signed = [(owner, item) for subkey, item in found.value.items()
+                  if isinstance(subkey, bytes) and (owner := owner_peer_id(subkey)) is not None]
+        if len(signed) > self.max_records:
+            signed.sort(key=lambda entry: (entry[0] in prefer, entry[1].expiration_time), reverse=True)
+            logger.warning(f"{len(signed)} {field!r} records in the DHT; reading the {self.max_records} of the "
+                           f"plan's peers and the newest, skipping {len(signed) - self.max_records}")
+            signed = signed[:self.max_records]
         records = {}
-        for subkey, item in found.value.items():
-            owner = owner_peer_id(subkey) if isinstance(subkey, bytes) else None
+        for owner, item in signed:
             try:
                 records[owner] = schema.parse_obj(item.value)
             except pydantic.ValidationError as e:
                 logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
-        records.pop(None, None)
         return records
 
-    async def publish(self, record: PeerRecord | Assignment | Progress, *, ttl_s: float) -> bool:
+    async def publish(self, record: PeerRecord | Assignment | Progress | Refusals, *, ttl_s: float) -> bool:
         """Stores our record under its key for `ttl_s` seconds; True if at least one node took it in time."""
         if self.private_key is None:
             raise ConfigError("publishing needs the private key that signs our records")

@@ -10,12 +10,22 @@ from dataclasses import replace
 from typing import Literal
 
 import pydantic.v1 as pydantic
-from pydantic.v1 import StrictBool, StrictFloat, StrictInt, StrictStr, confloat, conint, conlist, constr
+from pydantic.v1 import StrictBool, StrictInt, StrictStr, confloat, conint, conlist, constr
 
 from hetswarm.protocol.limits import (
+    MAX_BANDWIDTH_MBPS,
     MAX_CHECKPOINTS_PER_RECORD,
+    MAX_LATENCY_MS,
     MAX_LINKS_PER_RECORD,
+    MAX_LOSS,
+    MAX_MEMORY_GIB,
     MAX_PEERS_PER_ASSIGNMENT,
+    MAX_REFUSED_PER_RECORD,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_TFLOPS,
+    MAX_TIMESTAMP,
+    MAX_TOKEN_CHARS,
     MAX_UNREACHABLE_PER_RECORD,
 )
 from hetswarm.protocol.model_config import ModelConfig
@@ -30,7 +40,11 @@ hand-off), or checkpoints (a resume)."""
 
 _PeerIdStr = constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _Name = constr(strict=True, max_length=64)
-_NonNegative = confloat(strict=True, ge=0.0)
+_Seconds = confloat(strict=True, ge=0.0, le=MAX_SECONDS)
+_Timestamp = confloat(strict=True, ge=0.0, lt=MAX_TIMESTAMP)
+"""hivemind DHT time. Every float field has bounds, so NaN and infinities are refused too (they fail any bound)."""
+_Step = conint(strict=True, ge=0, le=MAX_STEP)
+_Version = conint(strict=True, ge=1, le=MAX_STEP)
 
 
 class _Record(pydantic.BaseModel):
@@ -42,35 +56,35 @@ class _Record(pydantic.BaseModel):
 class LinkMeasurement(_Record):
     """One measured link, from the publisher to another peer."""
 
-    latency_ms: _NonNegative
+    latency_ms: confloat(strict=True, ge=0.0, le=MAX_LATENCY_MS)
     """One-way latency, published as RTT / 2."""
-    bandwidth_mbps: confloat(strict=True, gt=0.0)
-    measured_at: StrictFloat
+    bandwidth_mbps: confloat(strict=True, gt=0.0, le=MAX_BANDWIDTH_MBPS)
+    measured_at: _Timestamp
     """hivemind DHT time of the measurement."""
-    samples: conint(strict=True, ge=1)
+    samples: conint(strict=True, ge=1, le=1_000_000)
 
 
 class Hardware(_Record):
     device: _Name
     """torch device string the client trains on, e.g. "cuda:0" or "cpu"."""
     device_name: constr(strict=True, max_length=128)
-    tflops: _NonNegative
+    tflops: confloat(strict=True, ge=0.0, le=MAX_TFLOPS)
     dtype: Literal["bfloat16", "float16", "float32"]
     """The dtype the TFLOPS figure was measured in."""
-    memory_gib: _NonNegative
+    memory_gib: confloat(strict=True, ge=0.0, le=MAX_MEMORY_GIB)
 
 
 class PeerRole(_Record):
-    stage: conint(strict=True, ge=0)
-    replica: conint(strict=True, ge=0)
+    stage: conint(strict=True, ge=0, lt=MAX_PEERS_PER_ASSIGNMENT)
+    replica: conint(strict=True, ge=0, lt=MAX_PEERS_PER_ASSIGNMENT)
 
 
 class CheckpointInfo(_Record):
     """A checkpoint a peer holds on disk: the state of layers [a, b) ready for `step`
     (client/training/checkpoints.py)."""
 
-    step: conint(strict=True, ge=1)
-    layers: conlist(conint(strict=True, ge=0), min_items=2, max_items=2)
+    step: conint(strict=True, ge=1, le=MAX_STEP)
+    layers: conlist(conint(strict=True, ge=0, le=MAX_STEP), min_items=2, max_items=2)
 
 
 class PeerRecord(_Record):
@@ -85,7 +99,7 @@ class PeerRecord(_Record):
     public_name: _Name | None = None
     site: _Name | None = None
     """Emulated site (--emulate ... --site NAME), None on real links."""
-    assignment_version: conint(strict=True, ge=1) | None = None
+    assignment_version: _Version | None = None
     """Version of the pinned coordinator's plan this peer follows; None before it has accepted one."""
     role: PeerRole | None = None
     """This peer's (stage, replica) in that plan; None while a standby."""
@@ -94,7 +108,9 @@ class PeerRecord(_Record):
     checkpoints: conlist(CheckpointInfo, max_items=MAX_CHECKPOINTS_PER_RECORD) = pydantic.Field(default_factory=list)
     """The checkpoints of this swarm it holds, newest first; a swarm whose replicas of some layers are all gone
     resumes from them."""
-    updated_at: StrictFloat
+    join_token: constr(strict=True, max_length=MAX_TOKEN_CHARS) | None = None
+    """The coordinator's signature that admits this peer to a closed swarm (protocol/join_tokens.py)."""
+    updated_at: _Timestamp
 
     @pydantic.validator("links")
     def _bounded_links(cls, links: dict) -> dict:
@@ -109,8 +125,8 @@ class Handoff(_Record):
     sources: conlist(_PeerIdStr, max_items=MAX_PEERS_PER_ASSIGNMENT)
     """Peers that hold the state ready for the plan's step (replicas of the previous plan, or checkpoint holders);
     a peer that does not hold its stage's state at that step fetches it from them and from the plan's peers."""
-    seeded_layers: list[conlist(conint(strict=True, ge=0), min_items=2, max_items=2)] = pydantic.Field(
-        default_factory=list)
+    seeded_layers: conlist(conlist(conint(strict=True, ge=0, le=MAX_STEP), min_items=2, max_items=2),
+                           max_items=MAX_PEERS_PER_ASSIGNMENT) = pydantic.Field(default_factory=list)
     """Layer ranges no peer holds any more (no replica, no checkpoint): they start again from the seed."""
     resumed_from_checkpoint: StrictBool = False
 
@@ -118,9 +134,9 @@ class Handoff(_Record):
 class CheckpointPlan(_Record):
     """Who writes checkpoints and how often: one replica per stage is enough."""
 
-    savers: list[_PeerIdStr | None]
+    savers: conlist(_PeerIdStr | None, max_items=MAX_PEERS_PER_ASSIGNMENT)
     """Stage s's saver, or None when no replica of that stage keeps checkpoints."""
-    every: conint(strict=True, ge=1)
+    every: conint(strict=True, ge=1, le=MAX_STEP)
     """Steps between checkpoints: a checkpoint is written of the state ready for each step that is a multiple of
     this, so that the stages' checkpoints meet at the same steps."""
 
@@ -129,23 +145,23 @@ class Assignment(_Record):
     """The plan every client follows, signed by the coordinator whose key the clients pinned."""
 
     coordinator_id: _PeerIdStr
-    version: conint(strict=True, ge=1)
+    version: _Version
     """Monotonic: a client never goes back to an older plan."""
     model: dict[StrictStr, StrictInt | StrictStr | None]
     """ModelConfig fields (hetswarm.protocol.model_config)."""
-    d_pp: conint(strict=True, ge=1)
-    d_dp: conint(strict=True, ge=1)
+    d_pp: conint(strict=True, ge=1, le=MAX_PEERS_PER_ASSIGNMENT)
+    d_dp: conint(strict=True, ge=1, le=MAX_PEERS_PER_ASSIGNMENT)
     stage_layers: list[conlist(StrictInt, min_items=2, max_items=2)]
     roles: dict[_PeerIdStr, PeerRole]
     pipelines: list[list[_PeerIdStr]]
     """Pipeline i: the peer of each stage, in stage order."""
-    predicted_step_s: _NonNegative
-    breakdown: dict[StrictStr, StrictFloat]
-    micro_batches: conint(strict=True, ge=1)
-    step: conint(strict=True, ge=0)
+    predicted_step_s: _Seconds
+    breakdown: dict[constr(strict=True, max_length=64), _Seconds]
+    micro_batches: conint(strict=True, ge=1, le=MAX_STEP)
+    step: _Step
     """Optimizer step the plan starts at (learning-rate schedule position)."""
     reason: constr(strict=True, max_length=256)
-    issued_at: StrictFloat
+    issued_at: _Timestamp
     handoff: Handoff | None = None
     """None: every stage starts from the seed (a fresh run)."""
     checkpoints: CheckpointPlan | None = None
@@ -184,17 +200,17 @@ class Progress(_Record):
     coordinator can act before those peers' records expire."""
 
     peer_id: _PeerIdStr
-    assignment_version: conint(strict=True, ge=0)
-    step: conint(strict=True, ge=0)
+    assignment_version: _Step
+    step: _Step
     """With health `training`, the last step this peer committed; otherwise the step it is stuck at."""
-    loss: StrictFloat | None
+    loss: confloat(strict=True, ge=0.0, le=MAX_LOSS) | None
     """Mean token cross-entropy of the last step; only last-stage peers compute it."""
-    tokens_per_s: _NonNegative
-    compute_s: _NonNegative
-    wait_s: _NonNegative
-    retries: conint(strict=True, ge=0) = 0
+    tokens_per_s: confloat(strict=True, ge=0.0, le=1e12)
+    compute_s: _Seconds
+    wait_s: _Seconds
+    retries: _Step = 0
     """Aborted attempts of this peer's stage worker so far (all-or-nothing steps retry under new attempts)."""
-    resyncs: conint(strict=True, ge=0) = 0
+    resyncs: _Step = 0
     """Times this replica's state differed from its stage group's and was replaced."""
     health: Health = "training"
     reason: constr(strict=True, max_length=256) | None = None
@@ -203,7 +219,22 @@ class Progress(_Record):
     """Peers of the plan that this peer could not reach or hear from in its last failed attempt."""
     state_origin: StateOrigin | None = None
     """Where this peer's stage state came from when the plan started."""
-    handoff_bytes: conint(strict=True, ge=0) = 0
+    handoff_bytes: conint(strict=True, ge=0, le=2**50) = 0
     """Bytes this peer downloaded to take over its stage under this plan (0 when it kept or seeded it)."""
-    handoff_s: _NonNegative = 0.0
-    updated_at: StrictFloat
+    handoff_s: _Seconds = 0.0
+    updated_at: _Timestamp
+
+
+class Refusals(_Record):
+    """The peers the coordinator does not plan, and why (not admitted, reported unreachable, claims that its
+    measurements contradict), for the monitor and for the refused peers themselves."""
+
+    coordinator_id: _PeerIdStr
+    refused: dict[_PeerIdStr, constr(strict=True, max_length=160)]
+    updated_at: _Timestamp
+
+    @pydantic.validator("refused")
+    def _bounded(cls, refused: dict) -> dict:
+        if len(refused) > MAX_REFUSED_PER_RECORD:
+            raise ValueError(f"{len(refused)} refused peers exceed the limit of {MAX_REFUSED_PER_RECORD}")
+        return refused

@@ -1,8 +1,8 @@
 """The record validators every node of a swarm installs, so that every replica refuses the same bad records.
 
 Order matters: hivemind runs validators by decreasing priority. The size check sees the raw value first, the
-RSA signature check (priority 10) strips the signature, the owner binding sees the signed payload, and the
-schema check (priority 0) parses it last.
+RSA signature check (priority 10) strips the signature, the owner binding and the lifetime check see the signed
+payload, and the schema check (priority 0) parses it last, with the physical bounds of protocol/records.py.
 """
 from __future__ import annotations
 
@@ -14,18 +14,23 @@ from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from hetswarm.protocol.identity import peer_id_of
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, dht_key
-from hetswarm.protocol.limits import MAX_RECORD_BYTES
-from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, REFUSED_FIELD, dht_key
+from hetswarm.protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S
+from hetswarm.protocol.records import Assignment, PeerRecord, Progress, Refusals
 
 logger = logging.getLogger(__name__)
 
-OWNER_FIELDS = {PEERS_FIELD: "peer_id", ASSIGNMENT_FIELD: "coordinator_id", PROGRESS_FIELD: "peer_id"}
+OWNER_FIELDS = {PEERS_FIELD: "peer_id", ASSIGNMENT_FIELD: "coordinator_id", PROGRESS_FIELD: "peer_id",
+                REFUSED_FIELD: "coordinator_id"}
 """For each record kind, the field that names its owner; it must be the peer id of the signing key."""
+TIMESTAMP_FIELDS = {PEERS_FIELD: "updated_at", ASSIGNMENT_FIELD: "issued_at", PROGRESS_FIELD: "updated_at",
+                    REFUSED_FIELD: "updated_at"}
+REPUBLISHED = {ASSIGNMENT_FIELD}
+"""Record kinds stored again unchanged, so their timestamp may be older than one lifetime (a plan in force)."""
 
 
 class SwarmSchema(pydantic.BaseModel):
@@ -34,6 +39,7 @@ class SwarmSchema(pydantic.BaseModel):
     peers: dict[BytesWithPublicKey, PeerRecord]
     assignment: dict[BytesWithPublicKey, Assignment]
     progress: dict[BytesWithPublicKey, Progress]
+    refused: dict[BytesWithPublicKey, Refusals]
 
 
 def owner_peer_id(subkey: bytes) -> str | None:
@@ -61,22 +67,40 @@ class RecordSizeValidator(RecordValidatorBase):
         return 20
 
 
-class OwnerBindingValidator(RecordValidatorBase):
-    """Binds each signed subkey to the peer id its record claims, so no peer can speak for another."""
+class _SwarmKeyValidator(RecordValidatorBase):
+    """A validator of a swarm's own keys (any other key passes it: the schema validator decides)."""
 
     def __init__(self, swarm: str):
         self._fields = {DHTID.generate(source=dht_key(swarm, f)).to_bytes(): f for f in OWNER_FIELDS}
 
-    def validate(self, record: DHTRecord) -> bool:
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        if type(other) is not type(self):
+            return False
+        self._fields.update(other._fields)
+        return True
+
+    def _payload(self, record: DHTRecord) -> tuple[str, bytes | None, object] | None:
+        """(field, subkey, value) decoded, or None for another key; the value is None when it does not decode."""
         field = self._fields.get(record.key)
         if field is None:
-            return True  # not a hetswarm key; the schema validator decides
+            return None
+        try:
+            return field, MSGPackSerializer.loads(record.subkey), MSGPackSerializer.loads(record.value)
+        except Exception:
+            return field, None, None
+
+
+class OwnerBindingValidator(_SwarmKeyValidator):
+    """Binds each signed subkey to the peer id its record claims, so no peer can speak for another."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        if (decoded := self._payload(record)) is None:
+            return True
+        field, subkey, value = decoded
         if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
             logger.warning(f"Refused a plain value under the {field!r} key: only signed subkeys are allowed")
             return False
-        try:
-            subkey, value = MSGPackSerializer.loads(record.subkey), MSGPackSerializer.loads(record.value)
-        except Exception:
+        if value is None:
             logger.warning(f"Refused an undecodable {field!r} record")
             return False
         claimed = value.get(OWNER_FIELDS[field]) if isinstance(value, dict) else None
@@ -90,11 +114,37 @@ class OwnerBindingValidator(RecordValidatorBase):
     def priority(self) -> int:
         return 5
 
-    def merge_with(self, other: RecordValidatorBase) -> bool:
-        if not isinstance(other, OwnerBindingValidator):
-            return False
-        self._fields.update(other._fields)
-        return True
+
+class LifetimeValidator(_SwarmKeyValidator):
+    """Caps a record's life: the publisher chooses its expiration, so without a cap one record could stay for ever.
+
+    A record may expire at most MAX_RECORD_TTL_S from now, and its own timestamp may be neither in the future nor
+    (but for plans, which are stored again unchanged) older than one lifetime before its expiration. Both checks
+    only get easier to pass as time goes on, so a record accepted once is accepted on every later read."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        if (decoded := self._payload(record)) is None:
+            return True
+        field, _, value = decoded
+        now = get_dht_time()
+        stamp = value.get(TIMESTAMP_FIELDS[field]) if isinstance(value, dict) else None
+        if record.expiration_time > now + MAX_RECORD_TTL_S + MAX_CLOCK_SKEW_S:
+            why = f"expires in {record.expiration_time - now:.0f} s (limit {MAX_RECORD_TTL_S:.0f} s)"
+        elif not isinstance(stamp, float):
+            return True  # the schema refuses it with a clearer reason
+        elif stamp > now + MAX_CLOCK_SKEW_S:
+            why = f"is dated {stamp - now:.0f} s in the future"
+        elif field not in REPUBLISHED and stamp < record.expiration_time - MAX_RECORD_TTL_S - MAX_CLOCK_SKEW_S:
+            why = f"lives {record.expiration_time - stamp:.0f} s past its date (limit {MAX_RECORD_TTL_S:.0f} s)"
+        else:
+            return True
+        owner = value.get(OWNER_FIELDS[field]) if isinstance(value, dict) else None
+        logger.warning(f"Refused a {field!r} record of {owner!r}: it {why}")
+        return False
+
+    @property
+    def priority(self) -> int:
+        return 4
 
 
 def make_validators(swarm: str, private_key: RSAPrivateKey) -> list[RecordValidatorBase]:
@@ -103,5 +153,6 @@ def make_validators(swarm: str, private_key: RSAPrivateKey) -> list[RecordValida
         RecordSizeValidator(),
         RSASignatureValidator(private_key),
         OwnerBindingValidator(swarm),
+        LifetimeValidator(swarm),
         SchemaValidator(SwarmSchema, allow_extra_keys=False, prefix=swarm),
     ]

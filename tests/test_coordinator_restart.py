@@ -40,6 +40,7 @@ from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
+from hetswarm.protocol.limits import MAX_STEP
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, Health, PeerRecord, Progress
@@ -85,7 +86,7 @@ def test_a_new_plan_starts_after_the_last_step_all_its_surviving_members_applied
         a: progress(a, version=7, step=9),
         b: progress(b, version=7, step=8),
         c: progress(c, version=6, step=50),  # a member's record of the previous plan says nothing about this one
-        STRANGER: progress(STRANGER, version=7, step=10**12),  # not a member: ignored, however far it claims
+        STRANGER: progress(STRANGER, version=7, step=MAX_STEP),  # not a member: ignored, however far it claims
     }
     assert start_step(current, reports) == 9  # every member applied step 8 (a also 9); the plan trains its `step` first
     assert start_step(current, reports, alive={a, c}) == 10  # b is gone: a's step 9 is the one the survivors hold

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from hivemind.p2p import PeerID
 
 from hetswarm.client.cli import processes
 from hetswarm.client.cli.coordinator import coordinator
@@ -38,6 +39,8 @@ from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.client.peer.volunteer import VolunteerConfig
 from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
+from hetswarm.protocol.identity import load_identity
+from hetswarm.protocol.join_tokens import issue_token
 
 app = typer.Typer(
     rich_markup_mode="rich",
@@ -78,6 +81,8 @@ def join(
     checkpoint_dir: Annotated[Optional[Path], typer.Option(help="With --coordinator: keep checkpoints of this "
                                                                 "peer's stage here, when the plan asks it to, and "
                                                                 "offer them to resume the run.")] = None,
+    join_token: Annotated[Optional[str], typer.Option(help="The token the operator of a closed swarm gave you for "
+                                                           "this identity (needs --identity-path).")] = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
@@ -91,11 +96,14 @@ def join(
         raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start one")
     if site is not None and emulate is None:
         raise HetswarmError("--site only makes sense with --emulate SCENARIO")
+    if join_token is not None and identity_path is None:
+        raise HetswarmError("--join-token is issued for one identity: give the --identity-path it was issued for")
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     volunteer_config = VolunteerConfig(ttl_s=ttl, view_interval_s=min(5.0, ttl / 4), public_name=public_name,
                                        site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes),
-                                       coordinator=check_coordinator_id(coordinator) if coordinator else None)
+                                       coordinator=check_coordinator_id(coordinator) if coordinator else None,
+                                       join_token=join_token.strip() if join_token else None)
     emulation = processes.Emulation(scenario=emulate, site=site, bandwidth_scale=bandwidth_scale) if emulate else None
     if emulation is not None and site is None:
         raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
@@ -104,6 +112,23 @@ def join(
                              ) if coordinator else None
     processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
                    training=training, metrics=metrics_address(metrics_port, metrics_host))
+
+
+@app.command()
+def token(
+    peer_id: Annotated[str, typer.Argument(help="The volunteer's peer id (printed by `hetswarm join`).")],
+    identity_path: Annotated[Path, typer.Option(help="The coordinator's identity file: tokens are signed with it.")],
+    swarm: SwarmOpt = DEFAULT_SWARM,
+) -> None:
+    """Issue a join token that admits one volunteer to a closed swarm (`hetswarm coordinator --closed`)."""
+    if not identity_path.exists():
+        raise HetswarmError(f"{identity_path} does not exist: give the coordinator's --identity-path")
+    try:
+        PeerID.from_base58(peer_id)
+    except Exception:
+        raise HetswarmError(f"{peer_id!r} is not a peer id; copy the `Joined swarm ... as Qm...` id the volunteer's "
+                            "client printed") from None
+    print(issue_token(load_identity(identity_path), swarm, peer_id))
 
 
 @app.command()

@@ -23,6 +23,7 @@ from hetswarm.client.cli.processes import run_coordinator
 from hetswarm.client.peer.addresses import ANY_HOST
 from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
+from hetswarm.coordinator.admission import load_allow_list
 from hetswarm.coordinator.broadcaster import BroadcastConfig
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.run_state import state_path_for
@@ -62,6 +63,10 @@ def coordinator(
         "--checkpoint-every-s", help="Also checkpoint at least this often (seconds, in predicted step time).")] = None,
     lost_state_wait: Annotated[float, typer.Option(help="Seconds to wait for a peer holding layers nobody else "
                                                         "holds before they restart from the seed.")] = 120.0,
+    closed: Annotated[bool, typer.Option("--closed", help="Plan only peers holding a join token of this coordinator "
+                                                         "(hetswarm token) or on --allow-list.")] = False,
+    allow_list: Annotated[Optional[Path], typer.Option(help="File of peer ids (one per line) admitted to a closed "
+                                                             "swarm; implies --closed.")] = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
     verbose: VerboseOpt = False,
@@ -90,7 +95,9 @@ def coordinator(
                                        lost_state_wait_s=lost_state_wait)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
-    run_coordinator(node_config, planner_config, broadcast_config, metrics=metrics_address(metrics_port, metrics_host))
+    allowed = load_allow_list(allow_list) if allow_list is not None else frozenset()
+    run_coordinator(node_config, planner_config, broadcast_config, closed=closed or allow_list is not None,
+                    allowed=allowed, metrics=metrics_address(metrics_port, metrics_host))
 
 
 def _degree(option: str, value: str) -> int | None:

@@ -22,6 +22,7 @@ from hetswarm.client.peer.reachability import ReachabilityServicer, report_reach
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.client.training.trainer import TrainingSetup
+from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.protocol.errors import HetswarmError
@@ -175,10 +176,13 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
 
 
 def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broadcast_config: BroadcastConfig, *,
+                    closed: bool = False, allowed: frozenset[str] = frozenset(),
                     metrics: MetricsAddress | None = None) -> None:
     """Starts the DHT node, prints what volunteers paste (and pin), and broadcasts until Ctrl+C; with `metrics`,
-    serves Prometheus metrics there."""
+    serves Prometheus metrics there. A `closed` swarm admits the `allowed` peers and those with our join tokens."""
     identity = identity_for(node_config)
+    admission = Admission(swarm=node_config.swarm, closed=closed, allow=allowed,
+                          coordinator_key=identity.private_key.get_public_key())
     dht = start_dht_for_process(node_config, identity)
     metrics_server = None
     try:
@@ -187,7 +191,7 @@ def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broa
                  f"  hetswarm join {initial_peers_line(dht)} --swarm {node_config.swarm} "
                  f"--coordinator {identity.peer_id}\nCoordinator peer id: {identity.peer_id}")
         broadcaster = Broadcaster(dht, private_key=identity.private_key, coordinator_id=identity.peer_id,
-                                  replanner=Replanner(planner_config), config=broadcast_config)
+                                  replanner=Replanner(planner_config), config=broadcast_config, admission=admission)
         main = broadcaster.run
         if metrics_server is not None:
             collector = CoordinatorCollector(broadcaster, SwarmRecords(dht, node_config.swarm))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from hetswarm.client.local.demo import DemoWatch, PhaseResult
@@ -146,7 +147,13 @@ def render(snapshot: dict[str, Any]) -> Group:
         parts.append(assignment_table(snapshot["assignment"]))
     if snapshot["progress"]:
         parts.append(progress_table(snapshot))
+    parts.extend(refused_line(peer) for peer in snapshot.get("refused", []))
     return Group(*parts)
+
+
+def refused_line(peer: dict[str, Any]) -> str:
+    """A peer the coordinator does not plan, and why."""
+    return f"[red]refused[/red] {escape(peer['name'] or peer['short_id'])} ({peer['peer_id']}): {escape(peer['reason'])}"
 
 
 def render_watch(watch: DemoWatch) -> Group:

@@ -9,7 +9,7 @@ newest checkpoint that covers the model, the live replicas of each stage, and wh
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from hetswarm.coordinator.state_plan import newest_complete_checkpoint
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress
+from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
 __all__ = ["SwarmSnapshot"]
@@ -37,13 +37,15 @@ class SwarmSnapshot:
     progress: dict[PeerId, Progress]
     read_at: float
     """hivemind DHT time of the read."""
+    refusals: dict[PeerId, Refusals] = field(default_factory=dict)
+    """Each coordinator's list of the peers it does not plan, and why."""
 
     @classmethod
     async def read(cls, records: SwarmRecords) -> SwarmSnapshot:
-        """Reads the three keys (each under the reader's deadline: TimeoutError past it)."""
+        """Reads the swarm's keys (each under the reader's deadline: TimeoutError past it)."""
         read_at = get_dht_time()
         return cls(swarm=records.swarm, peers=await records.peers(), assignments=await records.assignments(),
-                   progress=await records.progress(), read_at=read_at)
+                   progress=await records.progress(), read_at=read_at, refusals=await records.refusals())
 
     def assignment(self, coordinator: PeerId | None = None) -> Assignment | None:
         """The pinned coordinator's assignment, or else the newest version anyone published."""
@@ -83,6 +85,7 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
     pairs = [frozenset(pair) for pair in itertools.combinations(records, 2)]
     states = [r.state for r in records.values()]
     view = build_view(records) if trainable_peers(records) else None
+    assignment = snapshot.assignment(coordinator)
     return {
         "swarm": swarm,
         "peers": peers,
@@ -99,9 +102,20 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
              "bandwidth_mbps": float(view.network.bandwidth_gbps[i, j]) * MBPS_PER_GBPS}
             for (i, j), how in sorted(view.estimated.items())],
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
-        "assignment": _current_assignment(snapshot.assignment(coordinator), records, view, progress),
+        "assignment": _current_assignment(assignment, records, view, progress),
         "progress": [p.dict() for p in progress.values()],
+        "refused": _refused(snapshot, coordinator or (assignment.coordinator_id if assignment else None)),
     }
+
+
+def _refused(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> list[dict[str, Any]]:
+    """The peers the coordinator does not plan, with its reason and their names."""
+    refusals = snapshot.refusals.get(coordinator) if coordinator is not None else None
+    if refusals is None:
+        return []
+    return [{"peer_id": peer, "short_id": short_id(peer), "reason": reason,
+             "name": snapshot.peers[peer].public_name if peer in snapshot.peers else None}
+            for peer, reason in sorted(refusals.refused.items())]
 
 
 def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord], view: SwarmView | None,

@@ -28,6 +28,8 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import probe_namespace, short_id
+from hetswarm.protocol.limits import MAX_TOKEN_CHARS
+from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
@@ -55,12 +57,18 @@ class VolunteerConfig:
     """Peer id of the coordinator whose assignments this peer follows; None follows nobody."""
     assignment_poll_s: float = 2.0
     """How often the assignment key is read when following a coordinator."""
+    join_token: str | None = None
+    """The coordinator's token that admits this peer to a closed swarm (protocol/join_tokens.py)."""
 
     def __post_init__(self) -> None:
+        if self.join_token is not None and len(self.join_token) > MAX_TOKEN_CHARS:
+            raise ConfigError(f"a join token has at most {MAX_TOKEN_CHARS} characters; this one has "
+                              f"{len(self.join_token)}: check that it was pasted whole and alone")
         if self.assignment_poll_s <= 0:
             raise ConfigError(f"assignment_poll_s must be positive, got {self.assignment_poll_s}")
-        if self.ttl_s < 2 or self.view_interval_s <= 0 or self.reprobe_s <= 0 or self.max_probes_per_round < 1:
-            raise ConfigError(f"bad timing: ttl_s={self.ttl_s}, view_interval_s={self.view_interval_s}, "
+        check_ttl(self.ttl_s)
+        if self.view_interval_s <= 0 or self.reprobe_s <= 0 or self.max_probes_per_round < 1:
+            raise ConfigError(f"bad timing: view_interval_s={self.view_interval_s}, "
                              f"reprobe_s={self.reprobe_s}, max_probes_per_round={self.max_probes_per_round}")
         if not 0 < self.probe_backoff_s <= self.probe_backoff_max_s:
             raise ConfigError(f"need 0 < probe_backoff_s <= probe_backoff_max_s, got {self.probe_backoff_s} and "
@@ -122,6 +130,7 @@ class Volunteer:
             role=role,
             checkpointing=self._checkpoints is not None,
             checkpoints=self._checkpoints() if self._checkpoints is not None else [],
+            join_token=self.config.join_token,
             updated_at=get_dht_time(),
         )
 

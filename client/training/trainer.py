@@ -49,6 +49,7 @@ from hetswarm.client.training.state_handoff import (
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.limits import MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRole, Progress, StateOrigin
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
@@ -91,8 +92,9 @@ class TrainerConfig:
         if self.heartbeat_s <= 0 or self.heartbeat_misses < 1:
             raise ConfigError(f"need heartbeat_s > 0 and heartbeat_misses >= 1, got {self.heartbeat_s} and "
                               f"{self.heartbeat_misses}")
-        if self.max_failures < 1 or self.ttl_s < 2:
-            raise ConfigError(f"need max_failures >= 1 and ttl_s >= 2, got {self.max_failures} and {self.ttl_s}")
+        check_ttl(self.ttl_s)
+        if self.max_failures < 1:
+            raise ConfigError(f"need max_failures >= 1, got {self.max_failures}")
 
 
 _RETRY_PAUSE_S = 0.5
