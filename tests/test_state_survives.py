@@ -41,7 +41,8 @@ SWARM = "statetest"
 EVERY = 4
 COORDINATOR_ARGS = ("--dp", str(D_DP), "--pp", str(D_PP), "--ttl", "20", "--debounce", "1",
                     "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600", "--lost-state-wait", "600",
-                    "--checkpoint-every", str(EVERY), "--seed", str(SEED))
+                    "--checkpoint-every", str(EVERY), "--seed", str(SEED),
+                    "--payback-steps", "0")  # loopback links: a search that chases their noise never pays for moves
 _JOINED = re.compile(r"Others can join with: --initial-peers (\S+)")
 _STEP_LOSS = re.compile(r"step (\d+): loss ([0-9.]+)")
 

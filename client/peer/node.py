@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import functools
 import logging
 import os
@@ -12,7 +11,6 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,20 +181,26 @@ def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
     return dht
 
 
-@contextlib.contextmanager
-def _ignoring_sigint() -> Iterator[None]:
-    """Children forked meanwhile (the DHT process and its p2pd) ignore Ctrl+C, so we can say goodbye first."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+def start_dht_for_process(config: NodeConfig, identity: Identity) -> hivemind.DHT:
+    """The DHT of a CLI process: Ctrl+C reaches us, not the DHT, which we shut down ourselves.
+
+    A Ctrl+C while the DHT process forks is held back and delivered once it is up: the child must not die of it
+    (hivemind's DHT process ignores SIGINT from its first step, and its p2pd inherits that), and we must not lose
+    it (ignoring it here made an interrupted demo run on to the end). If it stops us, the new DHT is shut down.
+    """
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        yield
+        dht = start_dht(config, identity)
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def start_dht_for_process(config: NodeConfig, identity: Identity) -> hivemind.DHT:
-    """The DHT of a CLI process: Ctrl+C reaches us, not the DHT, which we shut down ourselves."""
-    with _ignoring_sigint():
-        return start_dht(config, identity)
+    if interrupted:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            dht.shutdown()
+            raise
+    return dht
 
 
 @dataclass(frozen=True)
