@@ -198,7 +198,11 @@ class _FrameReader:
         if self.tensor_bytes not in {numel * width for width in widths}:
             raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {self.header.dtype} "
                              f"{self.header.shape} needs {' or '.join(str(numel * w) for w in widths)}")
-        return self.header, deserialize_torch_tensor(combine_from_streaming(self.parts))
+        tensor = deserialize_torch_tensor(combine_from_streaming(self.parts))
+        if not torch.isfinite(tensor).all():
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise FrameError(f"frame carries {bad} NaN or infinite values of {tensor.numel()}")
+        return self.header, tensor
 
 
 def decode_frame(

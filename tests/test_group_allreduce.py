@@ -79,3 +79,27 @@ def test_a_group_of_one_keeps_its_tensors():
 
     for got, original in zip(asyncio.run(alone()), _tensors(0)):
         assert torch.equal(got, original)
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_sends_nan_is_left_out_and_named_and_nobody_uses_the_round():
+    async def poisoned() -> tuple[list[list[torch.Tensor]], list[BaseException | None], str]:
+        async with connected_p2ps(3) as p2ps:
+            members = [p2p.peer_id for p2p in p2ps]
+            groups = [StageGroup(p2p, members, namespace="ar-test_stage0_allreduce", round_tag="ar-test/v1/stage0",
+                                 sender_timeout_s=1.0, reducer_timeout_s=2.0) for p2p in p2ps]
+            for group in groups:
+                await group.attach()
+            tensors = [_tensors(seed) for seed in range(3)]
+            for tensor in tensors[2]:
+                tensor.view(-1)[::2] = float("nan")  # every part of the attacker's contribution is poisoned
+            outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
+                                            return_exceptions=True)
+            return tensors[:2], list(outcomes[:2]), str(members[2])
+
+    honest, outcomes, attacker = asyncio.run(poisoned())
+    assert all(isinstance(outcome, PartialAllReduce) for outcome in outcomes), outcomes
+    assert all(attacker in map(str, outcome.peers) for outcome in outcomes), [o.peers for o in outcomes]
+    for seed, local in enumerate(honest):
+        for got, original in zip(local, _tensors(seed)):
+            assert torch.equal(got, original)  # untouched: no NaN reached an honest replica

@@ -106,7 +106,12 @@ class GroupRouter(ServicerBase):
 
 
 class ExactAllReduceRunner(AllReduceRunner):
-    """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors."""
+    """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors.
+
+    It also trusts no sender: every part counts with the same weight whatever weight its message claims (hivemind
+    takes the sender's word), and a part with a NaN or an infinity bans its sender, so the round is partial and
+    names it (``StageGroup.average``) instead of poisoning every replica's average.
+    """
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -123,9 +128,13 @@ class ExactAllReduceRunner(AllReduceRunner):
         try:
             async for message in stream:
                 tensor_part = deserialize_torch_tensor(message.tensor_part)
+                if not torch.isfinite(tensor_part).all():
+                    logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with NaN or "
+                                   f"infinite values; leaving it out of the round")
+                    break
                 try:
                     averaged_part = await self.tensor_part_reducer.accumulate_part(
-                        sender_index, part_index, tensor_part, weight=message.weight)
+                        sender_index, part_index, tensor_part, weight=self.weight)
                     part_index += 1
                 except BannedException:
                     break  # sender was banned, we no longer need to aggregate it

@@ -132,13 +132,25 @@ class ActivationServicer(ServicerBase):
     async def rpc_push(
         self, stream: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> runtime_pb2.ExpertResponse:
-        """Takes one frame into the inbox, or answers why not (a verdict, never a crash, on a peer's bad input)."""
-        reason = await self._take(stream, context.remote_id)
+        """Takes one frame into the inbox, or answers why not (a verdict, never a crash, on a peer's bad input).
+
+        A neighbour's refused frame is drained, so that it reads our verdict; a stranger is cut off at once: it
+        gets no verdict and costs us no more bytes."""
+        kind = self._kind_of(context.remote_id)
+        if kind is None:
+            logger.warning(f"Cut off a frame stream from {context.remote_id}: not a neighbour of this stage in "
+                           f"pipeline {self.plan.pipeline}")
+            return runtime_pb2.ExpertResponse(metadata=b"not a neighbour of this stage")
+        reason = await self._take(stream, kind)
         if reason is None:
             return runtime_pb2.ExpertResponse()
         logger.warning(f"Refused a frame from {context.remote_id}: {reason}")
         await self._drain(stream)
         return runtime_pb2.ExpertResponse(metadata=reason.encode())
+
+    def _kind_of(self, sender: PeerID) -> FrameKind | None:
+        """What a sender may push to this stage: activations from the previous stage, gradients from the next."""
+        return {self.plan.previous: "activations", self.plan.next: "gradients"}.get(sender)
 
     async def _drain(self, stream: AsyncIterator[runtime_pb2.ExpertRequest]) -> None:
         """Reads what the sender is still writing (bounded), so it gets our verdict rather than a reset stream."""
@@ -150,11 +162,8 @@ class ActivationServicer(ServicerBase):
                     if received > MAX_FRAME_BYTES:
                         return
 
-    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], sender: PeerID) -> str | None:
-        """Reads and stores one frame; returns why it was refused, or None when it was taken."""
-        kind = {self.plan.previous: "activations", self.plan.next: "gradients"}.get(sender)
-        if kind is None:
-            return f"{sender} is not a neighbour of this stage in pipeline {self.plan.pipeline}"
+    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kind: FrameKind) -> str | None:
+        """Reads and stores one frame of a neighbour; returns why it was refused, or None when it was taken."""
         expected = Expectation(kind=kind, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
                                dtype=self.plan.dtype, pipeline=self.plan.pipeline,
                                micro_batches=self.plan.micro_batches)
