@@ -7,7 +7,6 @@ as a standby, and is named with the reason in the coordinator's Refusals record,
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +15,12 @@ from hivemind.utils.crypto import RSAPublicKey
 
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.join_tokens import token_is_valid
+from hetswarm.protocol.keys import is_peer_id
 from hetswarm.protocol.records import PeerRecord
 
 __all__ = ["Admission", "load_allow_list"]
 
 logger = logging.getLogger(__name__)
-
-_PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
-
 
 def load_allow_list(path: Path) -> frozenset[str]:
     """Peer ids, one per line; blank lines and `#` comments are skipped. ConfigError names a bad line."""
@@ -36,7 +33,7 @@ def load_allow_list(path: Path) -> frozenset[str]:
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
-        if not _PEER_ID.match(entry):
+        if not is_peer_id(entry):
             raise ConfigError(f"{path}:{number}: {entry!r} is not a peer id")
         allowed.add(entry)
     return frozenset(allowed)

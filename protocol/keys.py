@@ -7,6 +7,8 @@ import re
 from hetswarm.protocol.errors import RejectedInput
 
 _SWARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PEER_ID_PATTERN = r"^[1-9A-HJ-NP-Za-km-z]{32,64}$"
+"""A base58 libp2p peer id, as records carry them (RSA identities give "Qm..." ids)."""
 
 PEERS_FIELD = "peers"
 ASSIGNMENT_FIELD = "assignment"
@@ -18,6 +20,10 @@ def check_swarm_name(swarm: str) -> str:
     if not _SWARM_NAME.match(swarm):
         raise RejectedInput(f"bad swarm name {swarm!r}: use 1-64 letters, digits, '_', '.' or '-'")
     return swarm
+
+
+def is_peer_id(text: str) -> bool:
+    return re.match(PEER_ID_PATTERN, text) is not None
 
 
 def dht_key(swarm: str, field: str) -> str:

@@ -12,6 +12,7 @@ from typing import Literal
 import pydantic.v1 as pydantic
 from pydantic.v1 import StrictBool, StrictInt, StrictStr, confloat, conint, conlist, constr
 
+from hetswarm.protocol.keys import PEER_ID_PATTERN
 from hetswarm.protocol.limits import (
     MAX_BANDWIDTH_MBPS,
     MAX_CHECKPOINTS_PER_RECORD,
@@ -38,7 +39,7 @@ StateOrigin = Literal["seed", "kept", "handed off", "checkpoint"]
 hand-off), or checkpoints (a resume)."""
 """Of a training peer: committing steps; failing attempts of a step and retrying it; given up on this plan."""
 
-_PeerIdStr = constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")
+_PeerIdStr = constr(strict=True, regex=PEER_ID_PATTERN)
 _Name = constr(strict=True, max_length=64)
 _Seconds = confloat(strict=True, ge=0.0, le=MAX_SECONDS)
 _Timestamp = confloat(strict=True, ge=0.0, lt=MAX_TIMESTAMP)

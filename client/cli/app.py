@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from hivemind.p2p import PeerID
 
 from hetswarm.client.cli import processes
 from hetswarm.client.cli.coordinator import coordinator
@@ -41,6 +40,7 @@ from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.join_tokens import issue_token
+from hetswarm.protocol.keys import is_peer_id
 
 app = typer.Typer(
     rich_markup_mode="rich",
@@ -123,11 +123,9 @@ def token(
     """Issue a join token that admits one volunteer to a closed swarm (`hetswarm coordinator --closed`)."""
     if not identity_path.exists():
         raise HetswarmError(f"{identity_path} does not exist: give the coordinator's --identity-path")
-    try:
-        PeerID.from_base58(peer_id)
-    except Exception:
+    if not is_peer_id(peer_id):
         raise HetswarmError(f"{peer_id!r} is not a peer id; copy the `Joined swarm ... as Qm...` id the volunteer's "
-                            "client printed") from None
+                            "client printed")
     print(issue_token(load_identity(identity_path), swarm, peer_id))
 
 
