@@ -107,7 +107,7 @@ class SwarmRecords:
         for owner, item in signed:
             try:
                 records[owner] = schema.parse_obj(item.value)
-            except pydantic.ValidationError as e:
+            except (pydantic.ValidationError, TypeError) as e:  # TypeError: a list of pairs with odd keys
                 logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
         return records
 

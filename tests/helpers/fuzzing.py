@@ -1,0 +1,155 @@
+"""Fuzz targets of the two parsers that take bytes from strangers: the record validators every DHT node runs
+(protocol/signing.py, with the schemas of protocol/records.py) and the frame decoder (protocol/framing.py).
+
+A target passes when the parser answers every input with a verdict (a bool, a ValidationError, a FrameError)
+and never with another exception. tests/test_fuzzing.py runs them for a bounded number of inputs;
+benchmarks/fuzz.py runs them for longer and counts.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pydantic.v1 as pydantic
+import torch
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.proto import runtime_pb2
+from hivemind.utils import MSGPackSerializer, get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+from hypothesis import strategies as st
+
+from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
+from hetswarm.protocol.keys import dht_key
+from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
+from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
+from hetswarm.protocol.signing import make_validators
+
+SWARM = "fuzz"
+SHAPE = (2, 4, 8)
+
+# ---- records ------------------------------------------------------------------------------------------------
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**63, max_value=2**64 - 1),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=80), st.binary(max_size=80))
+values = st.recursive(scalars, lambda children: st.one_of(
+    st.lists(children, max_size=6), st.dictionaries(st.text(max_size=20), children, max_size=6)), max_leaves=30)
+
+
+def valid_record_dict(peer_id: str) -> dict:
+    hardware = Hardware(device="cpu", device_name="fuzz", tflops=1.0, dtype="float32", memory_gib=1.0)
+    link = LinkMeasurement(latency_ms=10.0, bandwidth_mbps=100.0, measured_at=get_dht_time(), samples=3)
+    return PeerRecord(peer_id=peer_id, maddrs=["/ip4/127.0.0.1/tcp/1"], version="fuzz", hardware=hardware,
+                      links={"Qm" + "a" * 44: link}, state="ready", updated_at=get_dht_time()).dict()
+
+
+def _paths(value, prefix=()):
+    """Every path into a nested dict/list, so a mutation can reach any field of a valid record."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, prefix + (key,))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _paths(child, prefix + (index,))
+
+
+def mutated(record: dict, path: tuple, replacement) -> dict:
+    """`record` with the value at `path` replaced (a deep copy)."""
+    copy = json.loads(json.dumps(record, allow_nan=True))
+    if not path:
+        return replacement
+    target = copy
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = replacement
+    return copy
+
+
+def record_inputs(peer_id: str) -> st.SearchStrategy:
+    """Whole random values, and valid records with one field replaced by a random value."""
+    base = valid_record_dict(peer_id)
+    paths = list(_paths(base))
+    return st.one_of(values, st.builds(mutated, st.just(base), st.sampled_from(paths), values))
+
+
+def check_record(value, private_key: RSAPrivateKey, *, raw_value: bytes | None = None,
+                 expiration_s: float = 30.0, field: str = "peers") -> bool:
+    """Parses `value` with every schema and runs the validator stack on it; returns the stack's verdict.
+    Raises AssertionError if anything answers with an exception other than a verdict."""
+    for schema in SCHEMAS.values():
+        try:
+            schema.parse_obj(value)  # as SwarmRecords.read does, with the exceptions it catches
+        except (pydantic.ValidationError, TypeError):
+            pass
+    try:
+        payload = raw_value if raw_value is not None else MSGPackSerializer.dumps(value)
+    except (TypeError, ValueError, OverflowError):
+        return False  # not even msgpack: no peer could send it
+    record = DHTRecord(DHTID.generate(source=dht_key(SWARM, field)).to_bytes(),
+                       MSGPackSerializer.dumps(owner_subkey(private_key)), payload, get_dht_time() + expiration_s)
+    validator = CompositeValidator(make_validators(SWARM, private_key))
+    signed = validator.sign_value(record)  # as the publisher's node would, so the signature check passes
+    verdict = validator.validate(DHTRecord(record.key, record.subkey, signed, record.expiration_time))
+    assert isinstance(verdict, bool)
+    return verdict
+
+
+# ---- frames -------------------------------------------------------------------------------------------------
+
+EXPECTED = Expectation(kind="activations", assignment_version=3, shape=SHAPE, dtype=torch.float32, micro_batches=4)
+
+
+def valid_frame() -> list[runtime_pb2.ExpertRequest]:
+    tensor = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    header = FrameHeader.for_tensor(tensor, kind="activations", assignment_version=3, step=1, micro_batch=0,
+                                    pipeline=0)
+    return encode_frame(header, tensor, part_size_bytes=64)
+
+
+def _flip(data: bytes, index: int, byte: int) -> bytes:
+    if not data:
+        return bytes([byte])
+    index %= len(data)
+    return data[:index] + bytes([byte]) + data[index + 1:]
+
+
+@st.composite
+def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
+    """Valid frames with bytes flipped, parts dropped or duplicated, and headers or tensor fields replaced."""
+    messages = [runtime_pb2.ExpertRequest.FromString(m.SerializeToString()) for m in valid_frame()]
+    for _ in range(draw(st.integers(1, 4))):
+        index = draw(st.integers(0, len(messages) - 1))
+        message = messages[index]
+        match draw(st.sampled_from(["metadata", "header", "buffer", "size", "dtype", "chunks", "drop", "repeat"])):
+            case "metadata":
+                message.metadata = draw(st.binary(max_size=300))
+            case "header":
+                header = json.loads(valid_frame()[0].metadata)
+                header[draw(st.sampled_from(["step", "shape", "dtype", "kind", "micro_batch", "x"]))] = draw(values)
+                messages[0].metadata = json.dumps(header, allow_nan=True, default=str).encode()
+            case "buffer" if message.tensors:
+                tensor = message.tensors[0]
+                tensor.buffer = _flip(tensor.buffer, draw(st.integers(0, 10**6)), draw(st.integers(0, 255)))
+            case "size" if message.tensors:
+                del message.tensors[0].size[:]
+                message.tensors[0].size.extend(draw(st.lists(st.integers(0, 10**6), max_size=4)))
+            case "dtype" if message.tensors:
+                message.tensors[0].dtype = draw(st.sampled_from(["float32", "bfloat16", "int64", "bool", "", "nope"]))
+            case "chunks" if message.tensors:
+                message.tensors[0].chunks = draw(st.integers(0, 2**31 - 1))
+            case "drop" if len(messages) > 1:
+                messages.pop(index)
+            case "repeat":
+                messages.insert(index, message)
+    return messages
+
+
+def check_frame(messages: list[runtime_pb2.ExpertRequest]) -> bool:
+    """True if the decoder took the frame, False if it refused it; any other exception propagates."""
+    try:
+        _, tensor = decode_frame(messages, expected=EXPECTED)
+    except FrameError:
+        return False
+    assert tuple(tensor.shape) == SHAPE and bool(torch.isfinite(tensor).all()) and not math.isnan(tensor.sum())
+    return True
