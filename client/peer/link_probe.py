@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import AsyncIterator  # hivemind's ServicerBase recognizes typing's alias only, not collections.abc's
 
@@ -18,6 +19,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
+from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.records import LinkMeasurement
 from hetswarm.protocol.units import BITS_PER_MBIT, MS_PER_S
@@ -55,21 +57,34 @@ class ProbeConfig:
 
 
 class ProbeServicer(ServicerBase):
-    """Answers pings and absorbs bandwidth probes; namespaced per swarm."""
+    """Answers pings and absorbs bandwidth probes; namespaced per swarm.
+
+    Bounded per peer (client/peer/peer_gate.py): pings at a modest rate from anyone (a newcomer measures us before
+    we see its record), payloads only from `admits`ed peers (those in view), one at a time and a few per minute,
+    so nobody can make this peer absorb bytes without end.
+    """
+
+    def __init__(self, admits: Callable[[str], bool] | None = None) -> None:
+        self.pings = PeerGate(name="ping", max_concurrent=4, per_s=5.0, burst=40)
+        self.payloads = PeerGate(name="bandwidth probe", max_concurrent=1, per_s=0.1, burst=12, admits=admits)
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
-        return runtime_pb2.ExpertResponse()
+        with self.pings.enter(context.remote_id.to_base58()) as refused:
+            return runtime_pb2.ExpertResponse(metadata=refused.encode() if refused else b"")
 
     async def rpc_absorb(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> runtime_pb2.ExpertResponse:
-        received = 0
-        async for request in requests:
-            received += sum(len(tensor.buffer) for tensor in request.tensors)
-            if received > MAX_PROBE_BYTES:
-                logger.warning(f"Refused a bandwidth probe from {context.remote_id}: over {MAX_PROBE_BYTES} bytes")
-                return runtime_pb2.ExpertResponse(metadata=b"too large")
-        return runtime_pb2.ExpertResponse(metadata=str(received).encode())
+        with self.payloads.enter(context.remote_id.to_base58()) as refused:
+            if refused is not None:
+                return runtime_pb2.ExpertResponse(metadata=refused.encode())  # unread: the stream is cut off
+            received = 0
+            async for request in requests:
+                received += sum(len(tensor.buffer) for tensor in request.tensors)
+                if received > MAX_PROBE_BYTES:
+                    logger.warning(f"Refused a bandwidth probe from {context.remote_id}: over {MAX_PROBE_BYTES} bytes")
+                    return runtime_pb2.ExpertResponse(metadata=b"too large")
+            return runtime_pb2.ExpertResponse(metadata=str(received).encode())
 
 
 async def _payload(n_bytes: int) -> AsyncIterator[runtime_pb2.ExpertRequest]:
@@ -81,7 +96,10 @@ async def _payload(n_bytes: int) -> AsyncIterator[runtime_pb2.ExpertRequest]:
 
 async def _stream_time(stub, n_bytes: int) -> float:
     start = time.perf_counter()
-    ack = await stub.rpc_absorb(_payload(n_bytes))
+    try:
+        ack = await stub.rpc_absorb(_payload(n_bytes))
+    except ValueError:  # hivemind's asingle(): the stream closed with no answer
+        raise ConnectionError("the peer cut the probe off unread (it refuses our probes for now)") from None
     elapsed = time.perf_counter() - start
     if ack.metadata != str(n_bytes).encode():
         raise ConnectionError(f"the peer did not absorb a {n_bytes}-byte probe: {ack.metadata[:64]!r}")
@@ -100,7 +118,9 @@ async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeC
         rtts = []
         for _ in range(config.pings):
             start = time.perf_counter()
-            await stub.rpc_ping(runtime_pb2.ExpertRequest())
+            answer = await stub.rpc_ping(runtime_pb2.ExpertRequest())
+            if answer.metadata:
+                raise ConnectionError(f"the peer refused a ping: {answer.metadata[:80]!r}")
             rtts.append(time.perf_counter() - start)
             await asyncio.sleep(config.ping_spacing_s)
         fastest_rtt = min(rtts)

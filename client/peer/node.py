@@ -21,6 +21,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import ANY_HOST, check_maddrs
 from hetswarm.client.peer.emulation import EmulatedP2P, LinkShaper, SiteLinks
+from hetswarm.client.peer.peer_gate import bound_stream_messages
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import check_swarm_name
@@ -274,7 +275,9 @@ class SwarmNode:
     @classmethod
     async def attach(cls, config: NodeConfig, dht: hivemind.DHT, identity: Identity, *,
                      site_links: SiteLinks | None = None, site: str | None = None) -> SwarmNode:
-        """Replicates the DHT's P2P into this event loop, wrapped in link emulation when asked."""
+        """Replicates the DHT's P2P into this event loop, wrapped in link emulation when asked; every stream message
+        this process reads is bounded from then on (client/peer/peer_gate.py)."""
+        bound_stream_messages()
         p2p = await dht.replicate_p2p()
         node = cls(config, dht, identity, p2p)
         if site_links is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib.metadata
 import logging
 import time
@@ -99,6 +100,8 @@ class Volunteer:
         self.state: PeerState = "joining"
         self.links: dict[str, LinkMeasurement] = {}
         self.peers: dict[str, PeerRecord] = {}
+        self._look_now = asyncio.Event()
+        """Set to read the swarm's records before the next view interval is up."""
         self._probe_wanted = asyncio.Event()
         self._probe_wanted.set()  # the first round turns `joining` into `ready`, even with nobody to measure
         self._failures: dict[str, int] = {}
@@ -148,7 +151,7 @@ class Volunteer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until `stop` is set, then publishes `leaving` once."""
-        await ProbeServicer().add_p2p_handlers(self.node.p2p, namespace=self.namespace)
+        await ProbeServicer(admits=self._in_view).add_p2p_handlers(self.node.p2p, namespace=self.namespace)
         await self.publish_record("start")
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -204,7 +207,17 @@ class Volunteer:
             if new:
                 logger.info(f"{len(new)} new peer(s); {len(self.peers)} in view")
                 self._probe_wanted.set()
-            await asyncio.sleep(self.config.view_interval_s)
+            self._look_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._look_now.wait(), timeout=self.config.view_interval_s)
+
+    def _in_view(self, peer: str) -> bool:
+        """Whether `peer` has a record in our view; a peer that has none yet (it may have just joined) makes us
+        read the records again at once, so that its retried probe finds it."""
+        if peer in self.peers:
+            return True
+        self._look_now.set()
+        return False
 
     def _mine(self) -> list[str]:
         """The peers whose link to us we measure.
