@@ -30,6 +30,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
+from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
@@ -111,6 +112,11 @@ def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[s
     return unreachable, stalled
 
 
+def _bounded(reasons: Mapping[str, str]) -> dict[str, str]:
+    """The first MAX_REFUSED_PER_RECORD peers by id, each reason cut to what a Refusals record holds."""
+    return {peer: why[:160] for peer, why in sorted(reasons.items())[:MAX_REFUSED_PER_RECORD]}
+
+
 def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int,
                      handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None) -> Assignment:
     """The signed record clients follow, from a priced proposal."""
@@ -147,6 +153,7 @@ class Broadcaster:
         self.records = SwarmRecords(dht, config.swarm, private_key=private_key, timeout_s=config.request_timeout_s)
         self.replanner, self.config = replanner, config
         self.admission = admission or Admission(swarm=config.swarm)
+        self.claims = ClaimCheck()
         self.assignment: Assignment | None = None
         """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
@@ -160,8 +167,10 @@ class Broadcaster:
         """The peers' records of the last read."""
         self._not_admitted: dict[str, str] = {}
         """Peers of the last read that the admission rule refused, with the reason."""
-        self._refusals: dict[str, str] = {}
-        """The refused peers last published."""
+        self._flagged: dict[str, str] = {}
+        """Peers whose claims their measured compute contradicts, with the reason (coordinator/claims.py)."""
+        self._refusals: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        """The refused and the flagged peers last published."""
         self._refusals_published_at = -math.inf
         self._pending: tuple[Proposal, str] | None = None
         """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
@@ -190,6 +199,7 @@ class Broadcaster:
         records = await self._read(PEERS_FIELD, prefer=plan.roles if plan is not None else ())
         if records is not None:
             records, self._not_admitted = self.admission.screen(records)
+            records, self._flagged = self.claims.judge(records)
             self._peers = records
             self._keep_above(highest_followed_version(records, members=plan.roles if plan is not None else None))
             if self._taking_over is not None:
@@ -203,23 +213,24 @@ class Broadcaster:
         await self._publish_refusals()
 
     async def _publish_refusals(self) -> None:
-        """The peers not planned and why, for the monitor: at each change, and every TTL/2 while there are any."""
-        refused = dict(sorted((self._not_admitted | self.replanner.left_out(time.monotonic())).items()))
-        refused = dict(list(refused.items())[:MAX_REFUSED_PER_RECORD])
+        """The peers not planned, and those priced by what they do, with the reasons, for the monitor: at each
+        change, and every TTL/2 while there are any."""
+        refused = _bounded(self._not_admitted | self.replanner.left_out(time.monotonic()))
+        flagged = _bounded(self._flagged)
         due = time.monotonic() - self._refusals_published_at >= self.config.ttl_s / 2
-        if refused == self._refusals and not (refused and due):
+        if (refused, flagged) == self._refusals and not ((refused or flagged) and due):
             return
-        for peer, why in refused.items():
-            if peer not in self._refusals:
-                logger.warning(f"Not planning peer {peer}: {why}")
-        record = Refusals(coordinator_id=self.coordinator_id, refused={p: w[:160] for p, w in refused.items()},
+        for peer, why in (refused | flagged).items():
+            if peer not in self._refusals[0] and peer not in self._refusals[1]:
+                logger.warning(f"Peer {peer}: {why}")
+        record = Refusals(coordinator_id=self.coordinator_id, refused=refused, flagged=flagged,
                           updated_at=get_dht_time())
         try:
             stored = await self.records.publish(record, ttl_s=self.config.ttl_s)
         except TimeoutError:
             stored = False
         if stored:
-            self._refusals, self._refusals_published_at = refused, time.monotonic()
+            self._refusals, self._refusals_published_at = (refused, flagged), time.monotonic()
 
     async def _recover(self) -> None:
         """Versions above anything the swarm has seen of us, and the plan in force handed to the replanner."""
@@ -311,6 +322,7 @@ class Broadcaster:
         progress = await self._read(PROGRESS_FIELD)
         if progress is None:
             return
+        self.claims.observe(self.state.assignment, progress)
         step = start_step(self.state.assignment, progress, remembered=self.state.step)
         if step != self.state.step:
             self.state = replace(self.state, step=step)

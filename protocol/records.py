@@ -227,15 +227,17 @@ class Progress(_Record):
 
 
 class Refusals(_Record):
-    """The peers the coordinator does not plan, and why (not admitted, reported unreachable, claims that its
-    measurements contradict), for the monitor and for the refused peers themselves."""
+    """The peers the coordinator does not plan, and why (not admitted, reported unreachable), and those it plans
+    by what they do rather than what they claim (coordinator/claims.py), for the monitor and the peers
+    themselves."""
 
     coordinator_id: _PeerIdStr
     refused: dict[_PeerIdStr, constr(strict=True, max_length=160)]
+    flagged: dict[_PeerIdStr, constr(strict=True, max_length=160)] = pydantic.Field(default_factory=dict)
     updated_at: _Timestamp
 
-    @pydantic.validator("refused")
-    def _bounded(cls, refused: dict) -> dict:
-        if len(refused) > MAX_REFUSED_PER_RECORD:
-            raise ValueError(f"{len(refused)} refused peers exceed the limit of {MAX_REFUSED_PER_RECORD}")
-        return refused
+    @pydantic.validator("refused", "flagged")
+    def _bounded(cls, peers: dict) -> dict:
+        if len(peers) > MAX_REFUSED_PER_RECORD:
+            raise ValueError(f"{len(peers)} peers exceed the limit of {MAX_REFUSED_PER_RECORD}")
+        return peers

@@ -6,7 +6,7 @@ from rich.console import Console
 from hetswarm.client.cli.render import render, training_state_line
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.protocol.keys import short_id
-from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress
+from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress, Refusals
 from tests.helpers.swarm_records import IDS, record
 from tests.test_training_correctness import _assignment
 
@@ -94,3 +94,20 @@ def test_a_resume_shows_where_the_state_came_from_and_the_seeded_layers():
     assert line.startswith("step 3 · last checkpoint: none · replicas training per stage: 2/2, 0/2")
     assert f"state: 1 from the seed, 1 kept, 1 from checkpoints 3.0 KiB in 1.5 s to {short_id(a)}" in line
     assert line.endswith("; resumed from checkpoints; layers [[2, 4]] restarted from the seed")
+
+
+def test_the_coordinators_refused_and_flagged_peers_are_shown_with_their_reasons():
+    a, b, c, d, intruder = IDS[:5]
+    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
+    records = {peer: record(peer, state="training") for peer in (a, b, c, d)} | {intruder: record(intruder)}
+    refusals = Refusals(coordinator_id=IDS[9], refused={intruder: "not admitted: no join token"},
+                        flagged={a: "claims 100 TFLOPS but computes like 1"}, updated_at=0.0)
+    forged = Refusals(coordinator_id=IDS[8], refused={a: "forged by someone else"}, updated_at=0.0)
+    snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress={}, read_at=0.0,
+                         refusals={IDS[9]: refusals, IDS[8]: forged})
+    shown = snap.to_json()  # unpinned: the judge is the coordinator of the assignment shown
+    assert [(r["peer_id"], r["reason"]) for r in shown["refused"]] == [(intruder, "not admitted: no join token")]
+    assert [r["peer_id"] for r in shown["flagged"]] == [a]
+    text = printed(shown)
+    assert f"refused {short_id(intruder)} ({intruder}): not admitted: no join token" in text
+    assert "flagged" in text and "claims 100 TFLOPS" in text and "forged" not in text

@@ -147,13 +147,14 @@ def render(snapshot: dict[str, Any]) -> Group:
         parts.append(assignment_table(snapshot["assignment"]))
     if snapshot["progress"]:
         parts.append(progress_table(snapshot))
-    parts.extend(refused_line(peer) for peer in snapshot.get("refused", []))
+    parts.extend(judged_line("refused", peer) for peer in snapshot.get("refused", []))
+    parts.extend(judged_line("flagged", peer) for peer in snapshot.get("flagged", []))
     return Group(*parts)
 
 
-def refused_line(peer: dict[str, Any]) -> str:
-    """A peer the coordinator does not plan, and why."""
-    return f"[red]refused[/red] {escape(peer['name'] or peer['short_id'])} ({peer['peer_id']}): {escape(peer['reason'])}"
+def judged_line(kind: str, peer: dict[str, Any]) -> str:
+    """A peer the coordinator does not plan (refused) or prices by what it does (flagged), and why."""
+    return f"[red]{kind}[/red] {escape(peer['name'] or peer['short_id'])} ({peer['peer_id']}): {escape(peer['reason'])}"
 
 
 def render_watch(watch: DemoWatch) -> Group:

@@ -86,6 +86,7 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
     states = [r.state for r in records.values()]
     view = build_view(records) if trainable_peers(records) else None
     assignment = snapshot.assignment(coordinator)
+    judge = coordinator or (assignment.coordinator_id if assignment else None)
     return {
         "swarm": swarm,
         "peers": peers,
@@ -104,18 +105,20 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
         "assignment": _current_assignment(assignment, records, view, progress),
         "progress": [p.dict() for p in progress.values()],
-        "refused": _refused(snapshot, coordinator or (assignment.coordinator_id if assignment else None)),
+        "refused": _judged(snapshot, judge, "refused"),
+        "flagged": _judged(snapshot, judge, "flagged"),
     }
 
 
-def _refused(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> list[dict[str, Any]]:
-    """The peers the coordinator does not plan, with its reason and their names."""
+def _judged(snapshot: SwarmSnapshot, coordinator: PeerId | None, kind: str) -> list[dict[str, Any]]:
+    """The peers the coordinator does not plan (`refused`) or plans by what they do (`flagged`), with its reason
+    and their names."""
     refusals = snapshot.refusals.get(coordinator) if coordinator is not None else None
     if refusals is None:
         return []
     return [{"peer_id": peer, "short_id": short_id(peer), "reason": reason,
              "name": snapshot.peers[peer].public_name if peer in snapshot.peers else None}
-            for peer, reason in sorted(refusals.refused.items())]
+            for peer, reason in sorted(getattr(refusals, kind).items())]
 
 
 def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord], view: SwarmView | None,

@@ -108,9 +108,10 @@ function renderPeers(state, colors) {
   const counts = state.counts;
   const byState = Object.entries(counts.by_state).map(([s, n]) => `${n} ${s}`).join(", ");
   document.getElementById("peer-counts").textContent = `${counts.peers} (${byState || "none yet"})`;
-  const refused = new Map((state.refused || []).map((r) => [r.peer_id, r.reason]));
+  const judged = new Map([...(state.flagged || []).map((r) => [r.peer_id, `flagged: ${r.reason}`]),
+                           ...(state.refused || []).map((r) => [r.peer_id, `refused: ${r.reason}`])]);
   const rows = state.peers.map((p) => {
-    const role = refused.has(p.peer_id) ? el("span", {class: "refused"}, `refused: ${refused.get(p.peer_id)}`) :
+    const role = judged.has(p.peer_id) ? el("span", {class: "refused"}, judged.get(p.peer_id)) :
       p.assignment_version === null ? "" :
       `v${p.assignment_version}: ` + (p.role ? `stage ${p.role.stage} · pipeline ${p.role.replica}` : "standby");
     const heard = el("td", {class: "num" + (p.last_heard_s > 30 ? " late" : "")}, `${fmt(p.last_heard_s, 0)} s ago`);

@@ -1,0 +1,75 @@
+"""Claims checked against deeds: a peer's claimed TFLOPS against the compute time its Progress reports.
+
+A peer's record claims a TFLOPS figure, and placement trusts it; a peer that claims 100× what it has would get a
+stage it cannot keep up with, and slow every pipeline. Under a plan, each member reports the seconds its stage's
+compute took per step, so the coordinator knows the FLOPs it did in that time (the live cost model's F_s·B/D_DP,
+coordinator/live_cost.py) and hence the TFLOPS it achieves. Training never reaches a matmul benchmark's peak,
+so achieved/claimed (the peer's efficiency) is compared with the median efficiency of the plan's members: a peer
+far below it (by more than `tolerance`) claims more than it does. It is then priced by what it does, at the TFLOPS
+that would give it the median efficiency, and flagged with both figures (the Refusals record, the monitor).
+Like SWARM's throughput-based load balancing, what is measured wins over what is said.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+
+__all__ = ["ClaimCheck"]
+
+KEPT_REPORTS = 10
+"""Steps of each peer remembered; the median of them is its achieved TFLOPS."""
+
+
+@dataclass
+class ClaimCheck:
+    tolerance: float = 3.0
+    """A peer whose efficiency is below the median efficiency divided by this is flagged."""
+    min_reports: int = 3
+    """Steps a peer must have reported before it is judged."""
+    min_peers: int = 3
+    """Peers with enough reports needed to form a median that one liar cannot move."""
+    _achieved: dict[str, list[float]] = field(default_factory=dict)
+    """Peer → TFLOPS it achieved in its last reported steps."""
+    _counted: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Peer → (plan version, step) of its last report counted, so that a record read twice counts once."""
+
+    def observe(self, plan: Assignment, progress: Mapping[str, Progress]) -> None:
+        """Takes in the members' new step reports under `plan`."""
+        try:
+            model = plan.model_config()
+        except (TypeError, ValueError):
+            return
+        flops = [f * model.batch_tokens / plan.d_dp for f in model.stage_flops_per_token(plan.d_pp)]
+        for signer, record in progress.items():
+            role = plan.roles.get(signer)
+            if (role is None or signer != record.peer_id or record.assignment_version != plan.version
+                    or record.health != "training" or record.compute_s <= 0
+                    or self._counted.get(signer) == (plan.version, record.step)):
+                continue
+            self._counted[signer] = (plan.version, record.step)
+            achieved = self._achieved.setdefault(signer, [])
+            achieved.append(flops[role.stage] / record.compute_s / 1e12)
+            del achieved[:-KEPT_REPORTS]
+
+    def judge(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
+        """The records with each flagged peer's TFLOPS replaced by what it does, and why each was flagged."""
+        efficiency = {peer: statistics.median(done) / records[peer].hardware.tflops
+                      for peer, done in self._achieved.items()
+                      if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
+        if len(efficiency) < self.min_peers:
+            return dict(records), {}
+        typical = statistics.median(efficiency.values())
+        judged, flagged = dict(records), {}
+        for peer, own in efficiency.items():
+            if own * self.tolerance >= typical:
+                continue
+            claimed = records[peer].hardware.tflops
+            priced = claimed * own / typical
+            hardware = records[peer].hardware.copy(update={"tflops": priced})
+            judged[peer] = records[peer].copy(update={"hardware": hardware})
+            flagged[peer] = (f"claims {claimed:.3g} TFLOPS but computes like {priced:.3g} "
+                             f"({typical / own:.0f}× below the swarm's efficiency); priced by what it does")
+        return judged, flagged
