@@ -126,9 +126,10 @@ class LocalSwarm:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def start(self, name: str, *args: str) -> PeerProcess:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> PeerProcess:
+        """`hetswarm ARGS` as a process logging to WORKDIR/NAME.log; `env` adds to our environment."""
         log_path = self.workdir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="240")  # log lines unwrapped, for people and tests
+        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="240", **(env or {}))  # log lines unwrapped
         with open(log_path, "wb") as log:
             process = subprocess.Popen(hetswarm_command(*args), stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env)
@@ -150,12 +151,12 @@ class LocalSwarm:
         self.coordinator_id = peer.wait_for(_COORDINATOR_LINE, timeout_s).group(1)
         return peer
 
-    def start_client(self, name: str, *args: str) -> PeerProcess:
+    def start_client(self, name: str, *args: str, env: dict[str, str] | None = None) -> PeerProcess:
         if self.initial_peers is None:
             raise HetswarmError("start the bootstrap node or the coordinator first")
         return self.start(name, "join", "--initial-peers", self.initial_peers, "--host-maddrs", LOOPBACK,
                           "--swarm", self.swarm, "--public-name", name,
-                          "--identity-path", str(self.workdir / f"{name}.key"), *args)
+                          "--identity-path", str(self.workdir / f"{name}.key"), *args, env=env)
 
     def snapshot(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """One `hetswarm monitor --once --json` snapshot, taken by a separate read-only process."""
