@@ -16,6 +16,9 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
  * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
+ * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled
+ * admission.py    - who may be planned: everyone, or (closed) the allow-list and holders of our join tokens
+ * claims.py       - claimed TFLOPS against reported compute times; liars priced by what they do
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """

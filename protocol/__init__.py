@@ -5,10 +5,12 @@ imports the errors) must stay usable without it.
  * limits.py       - byte, count and time limits that every receiver enforces
  * units.py        - unit conversions (Mbit/s and Gbit/s, GB and GiB), defined once
  * model_config.py - model shapes, and the payload bytes (c_DP, c_PP) and FLOPs derived from them (pure Python)
- * records.py      - PeerRecord, Assignment, Progress: pydantic.v1 schemas with strict types
+ * records.py      - PeerRecord, Assignment, Progress, Refusals: pydantic.v1 schemas, strict types, physical bounds
  * keys.py         - DHT keys and P2P handler namespaces of one swarm; the short peer id people read
  * identity.py     - the RSA key that is both libp2p identity and record-signing key; peer id of a key
- * signing.py      - the validators every node installs (size, RSA signature, owner binding, schema)
+ * signing.py      - the validators every node installs (size, RSA signature, owner binding, lifetime, schema)
+ * join_tokens.py  - the coordinator's signed tokens that admit one peer to a closed swarm
+ * atomic_files.py - files written whole or not at all (temporary file, fsync, rename)
  * record_store.py - SwarmRecords: publish our signed records, read everyone's by signer, each call with a deadline
  * framing.py      - activation/gradient frames on a stream, and the receiver's checks
 """

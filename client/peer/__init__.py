@@ -10,6 +10,8 @@
  * reachability.py        - can peers dial this one back? (asked on join, answered for others; the doctor's clock)
  * snapshot.py            - SwarmSnapshot: one typed read of a swarm's records (monitor, demo, scripts)
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
+ * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who); stream messages
+                            capped at the transport
 """
 from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK, BadMultiaddr, check_maddrs
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
