@@ -82,7 +82,8 @@ def test_a_group_of_one_keeps_its_tensors():
 
 
 @pytest.mark.timeout(60)
-def test_a_member_that_sends_nan_is_left_out_and_named_and_nobody_uses_the_round():
+@pytest.mark.parametrize("poison", ["nan", "huge"])
+def test_a_member_that_sends_nan_or_huge_values_is_left_out_and_named_and_nobody_uses_the_round(poison):
     async def poisoned() -> tuple[list[list[torch.Tensor]], list[BaseException | None], str]:
         async with connected_p2ps(3) as p2ps:
             members = [p2p.peer_id for p2p in p2ps]
@@ -91,8 +92,11 @@ def test_a_member_that_sends_nan_is_left_out_and_named_and_nobody_uses_the_round
             for group in groups:
                 await group.attach()
             tensors = [_tensors(seed) for seed in range(3)]
-            for tensor in tensors[2]:
-                tensor.view(-1)[::2] = float("nan")  # every part of the attacker's contribution is poisoned
+            for tensor in tensors[2]:  # every part of the attacker's contribution is poisoned
+                if poison == "nan":
+                    tensor.view(-1)[::2] = float("nan")
+                else:
+                    tensor.mul_(1e6)  # finite, but a million times an honest member's
             outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
                                             return_exceptions=True)
             return tensors[:2], list(outcomes[:2]), str(members[2])

@@ -39,6 +39,8 @@ __all__ = ["ExactAllReduceRunner", "GroupRouter", "StageGroup"]
 logger = logging.getLogger(__name__)
 
 _MIN_PART_BYTES = 4096
+MAX_PART_NORM_RATIO = 1000.0
+"""How much larger than this member's own a sender's gradient part may be (ExactAllReduceRunner)."""
 
 
 @dataclass(slots=True)
@@ -109,9 +111,25 @@ class ExactAllReduceRunner(AllReduceRunner):
     """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors.
 
     It also trusts no sender: every part counts with the same weight whatever weight its message claims (hivemind
-    takes the sender's word), and a part with a NaN or an infinity bans its sender, so the round is partial and
-    names it (``StageGroup.average``) instead of poisoning every replica's average.
+    takes the sender's word), and a part with a NaN or an infinity, or with a norm over MAX_PART_NORM_RATIO times
+    this member's own part (or, for a part that is all zeros here, its parts' mean norm), bans its sender: the round
+    is partial and names it (``StageGroup.average``) instead of poisoning every replica's average. Replicas of one
+    stage compute gradients of one model on batches of one size, so honest parts differ by far less.
     """
+
+    def _part_bound(self, part_index: int) -> float:
+        """The largest norm a sender's part `part_index` may have (class docstring)."""
+        if not hasattr(self, "_local_norms"):
+            self._local_norms = [float(part.norm()) for part in self.parts_for_local_averaging]
+            self._mean_norm = sum(self._local_norms) / max(len(self._local_norms), 1)
+        return MAX_PART_NORM_RATIO * max(self._local_norms[part_index], self._mean_norm, 1e-12)
+
+    def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
+        if not torch.isfinite(part).all():
+            return "NaN or infinite values"
+        if part_index < len(self.parts_for_local_averaging) and float(part.norm()) > self._part_bound(part_index):
+            return f"a norm of {float(part.norm()):.3g}, over {MAX_PART_NORM_RATIO:g}× this member's own"
+        return None
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
@@ -128,9 +146,9 @@ class ExactAllReduceRunner(AllReduceRunner):
         try:
             async for message in stream:
                 tensor_part = deserialize_torch_tensor(message.tensor_part)
-                if not torch.isfinite(tensor_part).all():
-                    logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with NaN or "
-                                   f"infinite values; leaving it out of the round")
+                if (refusal := self._refusal(tensor_part, part_index)) is not None:
+                    logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with {refusal}; "
+                                   f"leaving it out of the round")
                     break
                 try:
                     averaged_part = await self.tensor_part_reducer.accumulate_part(
