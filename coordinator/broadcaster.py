@@ -31,6 +31,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.claims import ClaimCheck
+from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
@@ -40,7 +41,7 @@ from hetswarm.coordinator.run_state import (
     standing,
     start_step,
 )
-from hetswarm.coordinator.state_plan import checkpoint_plan, plan_state
+from hetswarm.coordinator.state_plan import StatePlan, checkpoint_plan, plan_state, rollback_state
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
@@ -85,6 +86,9 @@ class BroadcastConfig:
     checkpoint_every_s: float | None = None
     """Also at least this often, in the plan's predicted step time: a plan's checkpoints must fall on the same steps
     in every stage, so a time interval is turned into steps when the plan is made."""
+    rollback_spike: float = 2.0
+    """A step's loss above this multiple of the recent median rolls the swarm back to a checkpoint; 0: never
+    (coordinator/loss_watch.py)."""
     lost_state_wait_s: float = 120.0
     """How long a plan waits for a peer that holds layers nobody else holds (a replica that comes back, or a
     checkpoint) before those layers start again from the seed."""
@@ -154,6 +158,7 @@ class Broadcaster:
         self.replanner, self.config = replanner, config
         self.admission = admission or Admission(swarm=config.swarm)
         self.claims = ClaimCheck()
+        self.losses = LossWatch(threshold=config.rollback_spike)
         self.assignment: Assignment | None = None
         """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
@@ -208,6 +213,7 @@ class Broadcaster:
             if decision is not None or self._pending is not None:
                 await self._announce(*(decision or self._pending), version=self.state.version + 1)
         await self._track_progress()
+        await self._roll_back_on_spike()
         if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
         await self._publish_refusals()
@@ -274,10 +280,27 @@ class Broadcaster:
                 logger.info(f"A peer follows v{version}, above our v{self.state.version}; our next version exceeds it")
             self.state = replace(self.state, version=version)
 
-    async def _announce(self, proposal: Proposal, reason: str, *, version: int) -> None:
+    async def _roll_back_on_spike(self) -> None:
+        """Plans the same roles again from the newest checkpoint before a loss spike (coordinator/loss_watch.py)."""
+        spike, proposal = self.losses.spike(), self.replanner.current
+        if spike is None or proposal is None or self.assignment is None:
+            return
+        origin = rollback_state(self._peers, self.assignment.roles, proposal.model.n_layers,
+                                before=spike.last_good + 1, why=spike.describe())
+        if origin is None:
+            logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
+            self.losses.settle(spike, rolled_back_to=None, through_newest=True)
+            return
+        logger.warning(f"{spike.describe()}: rolling back to the checkpoints of step {origin.step}")
+        self.losses.settle(spike, rolled_back_to=origin.step)
+        await self._announce(proposal, "", version=self.state.version + 1, origin=origin)
+
+    async def _announce(self, proposal: Proposal, reason: str, *, version: int, origin: StatePlan | None = None
+                        ) -> None:
+        """Publishes `proposal` as the next version, from the state `plan_state` finds (or `origin`)."""
         progress = await self._read(PROGRESS_FIELD) or {}
         alive = proposal.peers  # in view and not reported unreachable
-        origin = plan_state(
+        origin = origin or plan_state(
             previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
             live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
             n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s)
@@ -287,7 +310,7 @@ class Broadcaster:
             self._pending = (proposal, reason)
             return
         self._pending, self._state_missing_since = None, None
-        step, reason = origin.step, f"{origin.note}; {reason}" if origin.note else reason
+        step, reason = origin.step, "; ".join(part for part in (origin.note, reason) if part)
         self.assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
@@ -323,6 +346,7 @@ class Broadcaster:
         if progress is None:
             return
         self.claims.observe(self.state.assignment, progress)
+        self.losses.observe(self.state.assignment, progress)
         step = start_step(self.state.assignment, progress, remembered=self.state.step)
         if step != self.state.step:
             self.state = replace(self.state, step=step)

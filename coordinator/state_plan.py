@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, Progress
 
-__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "newest_complete_checkpoint", "plan_state"]
+__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "newest_complete_checkpoint", "plan_state",
+           "rollback_state"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +63,18 @@ def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection
                      note=f"layers {_ranges(missing)} lost (no replica, no checkpoint): they start again from the seed")
 
 
+def rollback_state(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *, before: int,
+                   why: str) -> StatePlan | None:
+    """The plan's state after a loss spike at step `before` (coordinator/loss_watch.py): the newest complete
+    checkpoint taken before it, or None when there is none."""
+    resume = newest_complete_checkpoint(records, alive, n_layers, before=before)
+    if resume is None:
+        return None
+    step, sources = resume
+    return StatePlan(step=step, handoff=Handoff(sources=sources, resumed_from_checkpoint=True),
+                     note=f"{why}: rolled back to the checkpoints of step {step}")
+
+
 def checkpoint_plan(pipelines: list[list[str]], records: Mapping[str, PeerRecord], every: int) -> CheckpointPlan | None:
     """One saver per stage (module docstring); None when no placed peer keeps checkpoints."""
     savers = []
@@ -97,14 +110,17 @@ def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:
     return set(range(n_layers)) - covered
 
 
-def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int
-                                ) -> tuple[int, list[str]] | None:
-    """The newest step whose checkpoints, held by peers in view, cover every layer, and the peers that hold them."""
+def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *,
+                                before: int | None = None) -> tuple[int, list[str]] | None:
+    """The newest step (below `before`, when given) whose checkpoints, held by peers in view, cover every layer, and
+    the peers that hold them."""
     by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}
     for peer, record in records.items():
         if peer not in alive:
             continue
         for info in record.checkpoints:
+            if before is not None and info.step >= before:
+                continue
             by_step.setdefault(info.step, {}).setdefault(peer, []).append(tuple(info.layers))
     for step in sorted(by_step, reverse=True):
         held = by_step[step]

@@ -12,6 +12,9 @@ MAX_PEERS_PER_ASSIGNMENT = 512
 MAX_UNREACHABLE_PER_RECORD = 16
 """Peers one Progress record may name as unreachable."""
 
+MAX_RECENT_LOSSES = 16
+"""Losses of past steps one Progress record carries."""
+
 MAX_REFUSED_PER_RECORD = 64
 """Refused peers the coordinator's Refusals record names (the first, by peer id, when there are more)."""
 

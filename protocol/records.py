@@ -21,6 +21,7 @@ from hetswarm.protocol.limits import (
     MAX_LOSS,
     MAX_MEMORY_GIB,
     MAX_PEERS_PER_ASSIGNMENT,
+    MAX_RECENT_LOSSES,
     MAX_REFUSED_PER_RECORD,
     MAX_SECONDS,
     MAX_STEP,
@@ -206,6 +207,10 @@ class Progress(_Record):
     """With health `training`, the last step this peer committed; otherwise the step it is stuck at."""
     loss: confloat(strict=True, ge=0.0, le=MAX_LOSS) | None
     """Mean token cross-entropy of the last step; only last-stage peers compute it."""
+    recent_losses: conlist(confloat(strict=True, ge=0.0, le=MAX_LOSS), max_items=MAX_RECENT_LOSSES) = pydantic.Field(
+        default_factory=list)
+    """The losses of the last steps up to `step`, oldest first (the last is `loss`): readers that look once a
+    second still see every step's (coordinator/loss_watch.py)."""
     tokens_per_s: confloat(strict=True, ge=0.0, le=1e12)
     compute_s: _Seconds
     wait_s: _Seconds

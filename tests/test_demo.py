@@ -80,8 +80,8 @@ def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
             time.sleep(0.5)  # the bootstrap and the clients are starting
         time.sleep(3)
         demo.send_signal(signal.SIGINT)
-        demo.communicate(timeout=60)
+        output, _ = demo.communicate(timeout=60)
     finally:
         demo.kill()
-    assert demo.returncode != 0  # interrupted, not finished
+    assert demo.returncode != 0, output[-3000:]  # interrupted, not finished
     assert descendants.alive() == []

@@ -95,6 +95,8 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                 volunteer = Volunteer(node, hardware, volunteer_config,
                                       on_assignment=trainer.follow if trainer else None,
                                       checkpoints=trainer.checkpoint_infos if keeps_checkpoints else None)
+                if keeps_checkpoints:  # the coordinator resumes and rolls back from what our record lists
+                    trainer.checkpoints.on_saved = lambda: volunteer.publish_soon("checkpoint")
                 if metrics_server is not None:
                     metrics_server.register(ClientCollector(volunteer, trainer))
                 await volunteer.run(stop)

@@ -100,6 +100,7 @@ class Volunteer:
         self.state: PeerState = "joining"
         self.links: dict[str, LinkMeasurement] = {}
         self.peers: dict[str, PeerRecord] = {}
+        self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
         """Set to read the swarm's records before the next view interval is up."""
         self._probe_wanted = asyncio.Event()
@@ -136,6 +137,11 @@ class Volunteer:
             join_token=self.config.join_token,
             updated_at=get_dht_time(),
         )
+
+    def publish_soon(self, reason: str) -> None:
+        """Publishes our record in the background (one pending at a time): something in it changed."""
+        if self._publishing is None or self._publishing.done():
+            self._publishing = asyncio.create_task(self.publish_record(reason))
 
     async def publish_record(self, reason: str = "update") -> None:
         """Stores our record; one store at a time, since of two overlapping stores the DHT refuses one."""

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,8 @@ class CheckpointWriter:
     def __init__(self, checkpoints: CheckpointDir) -> None:
         self.checkpoints = checkpoints
         self.last: CheckpointMeta | None = None
+        self.on_saved: Callable[[], None] | None = None
+        """Called after each checkpoint is written: the peer's record, which lists them, should go out now."""
         self._writing: asyncio.Task | None = None
 
     def submit(self, state: StageState, *, layers: tuple[int, int], model: ModelConfig, plan_version: int) -> None:
@@ -147,6 +150,8 @@ class CheckpointWriter:
         self.last = meta
         logger.info(f"Checkpoint of step {meta.step} (layers {meta.layers[0]}-{meta.layers[1]}): {meta.size} bytes "
                     f"in {time.perf_counter() - started:.2f} s, {meta.path}")
+        if self.on_saved is not None:
+            self.on_saved()
 
     async def close(self) -> None:
         if self._writing is not None:

@@ -24,8 +24,10 @@ the step) also ends the loop at once: neither retrying nor skipping would be saf
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,13 +50,26 @@ from hetswarm.client.training.state_handoff import (
 )
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import state_namespace
-from hetswarm.protocol.limits import MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.limits import MAX_RECENT_LOSSES, MAX_UNREACHABLE_PER_RECORD
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRole, Progress, StateOrigin
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
 
 logger = logging.getLogger(__name__)
+
+_CORRUPT_AFTER_STEP = int(os.environ.get("HETSWARM_TEST_CORRUPT_AFTER_STEP", "-1"))
+"""A fault for tests only (tests/test_loss_rollback.py): this replica's weights are scrambled right after it
+commits this step (once), as silent data corruption on a volunteer's GPU would; -1, the default, never."""
+
+
+def _corrupt(module: torch.nn.Module, step: int) -> bool:
+    logger.warning(f"HETSWARM_TEST_CORRUPT_AFTER_STEP: scrambling this replica's weights after step {step}")
+    generator = torch.Generator().manual_seed(step)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter) * 3.0)
+    return True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,6 +156,9 @@ class Trainer:
         self._switching = asyncio.Lock()
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
         self._step = 0
+        self._corrupted = False
+        self._recent_losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=MAX_RECENT_LOSSES)
+        """(step, loss) of the last consecutive steps this peer committed (last stage only)."""
         """The step the training loop is on, for reports made beside it (the heartbeat)."""
         checkpoints = CheckpointDir(config.checkpoint_dir, node.config.swarm) if config.checkpoint_dir else None
         self.store = StateStore(checkpoints)
@@ -349,12 +367,16 @@ class Trainer:
                 continue  # the same step: no peer of the plan applied it
             failures = 0
             self.last_report = report
+            if report.step == _CORRUPT_AFTER_STEP and not self._corrupted:
+                self._corrupted = _corrupt(worker.module, report.step)
             await self._keep_state(worker, assignment, report.step + 1)
             if (assignment.version, report.step) > self._published:  # never publish a step twice
                 self._published = (assignment.version, report.step)
+                self._remember_loss(report)
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
-                    loss=report.loss, tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
+                    loss=report.loss, recent_losses=[loss for _, loss in self._recent_losses],
+                    tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
                     updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
@@ -374,6 +396,15 @@ class Trainer:
                 and plan.savers[role.stage] == self.node.peer_id):
             self.checkpoints.submit(state, layers=tuple(assignment.stage_layers[role.stage]),
                                     model=assignment.model_config(), plan_version=assignment.version)
+
+    def _remember_loss(self, report: StepReport) -> None:
+        """Keeps the losses of the last consecutive steps for the Progress record; a jump back (a rollback, a
+        resume) or a gap starts the list again."""
+        if report.loss is None:
+            return
+        if self._recent_losses and self._recent_losses[-1][0] != report.step - 1:
+            self._recent_losses.clear()
+        self._recent_losses.append((report.step, report.loss))
 
     def _origin_fields(self) -> dict:
         if self.origin is None:

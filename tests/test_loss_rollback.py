@@ -1,0 +1,94 @@
+"""A loss spike sends the swarm back to a checkpoint taken before it, and the run ends as if nothing had happened.
+
+A coordinator (2 pipelines × 2 stages, checkpoints every 4 steps) and four clients train the tiny model with fp32
+on the wire; every client scrambles its weights right after committing step CORRUPT (a test-only fault,
+HETSWARM_TEST_CORRUPT_AFTER_STEP), the same way on both replicas of a stage, as a poisoned update that slipped
+past every check would: the replicas still agree, their gradients pass the all-reduce's checks, but the loss jumps.
+(A single corrupted replica is caught earlier, by its partner's all-reduce.) The coordinator publishes the same roles from the newest complete checkpoint of a step whose loss was normal, and says
+why. Every step's last logged loss, and so the model they trained, equals (1e-4) that of a plain 2 × 2 run.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.protocol.keys import PROGRESS_FIELD
+from hetswarm.protocol.record_store import SwarmRecords
+from tests.helpers.dht_nodes import start_node
+from tests.helpers.waiting import wait_until
+from tests.test_state_survives import _STEP_LOSS, _fault_free_run, model_file
+from tests.test_training_correctness import D_DP, D_PP, SEED
+
+SWARM = "rollback"
+STEPS, CORRUPT, EVERY = 32, 18, 4
+SITES = ("Oregon", "Oregon", "Tokyo", "Tokyo")
+"""Emulated world-wide links make a step take about a second, as on a real swarm: loopback steps (0.1 s) outrun
+the coordinator's once-a-second look, and the clean checkpoints would be rotated out before it acts."""
+
+
+@pytest.fixture(scope="module")
+def rolled_back(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("rollback")
+    found: dict = {}
+    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+        swarm.start_coordinator(
+            "coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", "--dp", str(D_DP), "--pp", str(D_PP),
+            "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600",
+            "--payback-steps", "0", "--checkpoint-every", str(EVERY), "--seed", str(SEED))
+        clients = [swarm.start_client(
+            f"peer{i}", "--coordinator", swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed",
+            str(SEED), "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt{i}"), "--emulate", "worldwide",
+            "--site", SITES[i],
+            env={"HETSWARM_TEST_CORRUPT_AFTER_STEP": str(CORRUPT)}) for i in range(4)]
+        via = clients[0].wait_for(re.compile(r"Others can join with: --initial-peers (\S+)"), 120).group(1)
+        observer, _ = start_node(SWARM, tmp / "observer.key", [via])
+        try:
+            records = SwarmRecords(observer, SWARM)
+            plan = lambda: asyncio.run(records.assignments()).get(swarm.coordinator_id)  # noqa: E731
+            rollback = wait_until("a plan that rolls back", lambda: (p := plan()) is not None and p.handoff is not None
+                                  and p.handoff.resumed_from_checkpoint and p, 240)
+
+            def done() -> bool:
+                progress = asyncio.run(records.read(PROGRESS_FIELD))
+                return all(p in progress and progress[p].assignment_version == rollback.version
+                           and progress[p].step >= STEPS - 1 for p in rollback.roles)
+
+            wait_until(f"every member past step {STEPS - 1} after the rollback", done, 240)
+            found["rollback"], found["final"] = rollback, plan()
+        finally:
+            observer.shutdown()
+        found["losses"] = _last_losses(tmp)
+        found["coordinator_log"] = (tmp / "coordinator.log").read_text(errors="replace")
+    found["baseline"] = _fault_free_run(tmp_path_factory.mktemp("baseline"), STEPS)["losses"]
+    return found
+
+
+def _last_losses(tmp) -> dict[int, list[float]]:
+    """Each last-stage client's last logged loss of every step (a step re-run after the rollback replaces it)."""
+    found: dict[int, list[float]] = {}
+    for log in sorted(tmp.glob("peer*.log")):
+        last = {int(step): float(loss) for step, loss in _STEP_LOSS.findall(log.read_text(errors="replace"))}
+        for step, loss in last.items():
+            found.setdefault(step, []).append(loss)
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_the_spike_is_named_and_the_swarm_goes_back_to_a_checkpoint_before_the_fault(rolled_back):
+    rollback = rolled_back["rollback"]
+    assert rollback.step <= CORRUPT and rollback.step % EVERY == 0  # trained only on steps before the fault
+    assert "loss spike at step" in rollback.reason and f"rolled back to the checkpoints of step {rollback.step}" \
+        in rollback.reason
+    assert "rolling back" in rolled_back["coordinator_log"]
+    assert rolled_back["final"].version == rollback.version  # once: the run went on from there
+
+
+@pytest.mark.timeout(900)
+def test_every_loss_after_the_rollback_equals_a_run_without_the_fault(rolled_back):
+    losses, baseline = rolled_back["losses"], rolled_back["baseline"]
+    assert set(range(STEPS)) <= set(losses), sorted(losses)
+    for step in range(STEPS):
+        assert sorted(losses[step]) == pytest.approx(sorted(baseline[step]), rel=1e-4), step

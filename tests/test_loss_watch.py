@@ -1,0 +1,73 @@
+"""Loss spikes are found against the recent median, once each, and a rollback forgets the losses it undoes."""
+from __future__ import annotations
+
+import pytest
+
+from hetswarm.coordinator.loss_watch import LossWatch
+from hetswarm.coordinator.state_plan import rollback_state
+from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.records import CheckpointInfo, Progress
+from tests.helpers.swarm_records import IDS, record
+from tests.test_coordinator_restart import plan
+
+
+def _losses(assignment, losses: dict[int, float], signer: str | None = None) -> list[dict[str, Progress]]:
+    peers = [signer] if signer else [chain[-1] for chain in assignment.pipelines]
+    return [{peer: Progress(peer_id=peer, assignment_version=assignment.version, step=step, loss=loss,
+                            tokens_per_s=1.0, compute_s=0.1, wait_s=0.0, updated_at=0.0) for peer in peers}
+            for step, loss in losses.items()]
+
+
+def _watch(assignment, losses: dict[int, float], **config) -> LossWatch:
+    watch = LossWatch(**config)
+    for reports in _losses(assignment, losses):
+        watch.observe(assignment, reports)
+    return watch
+
+
+def test_a_spike_is_found_against_the_recent_median_and_a_falling_curve_is_not_one():
+    assignment = plan()
+    falling = {step: 5.5 * 0.97 ** step for step in range(40)}
+    assert _watch(assignment, falling).spike() is None
+    spiked = falling | {30: 9.0}
+    spike = _watch(assignment, spiked).spike()
+    assert spike is not None and spike.step == 30 and spike.loss == 9.0 and spike.last_good == 29
+    assert "loss spike at step 30" in spike.describe()
+    assert _watch(assignment, spiked, threshold=0).spike() is None  # turned off
+
+
+def test_a_settled_spike_is_not_judged_again_and_a_rollback_forgets_the_undone_losses():
+    assignment = plan()
+    watch = _watch(assignment, {step: 3.0 for step in range(20)} | {20: 12.0})
+    spike = watch.spike()
+    watch.settle(spike, rolled_back_to=16)
+    assert watch.spike() is None
+    for reports in _losses(assignment, {16: 3.0, 17: 3.0, 18: 3.0, 19: 3.0, 20: 12.0, 21: 3.0}):
+        watch.observe(assignment, reports)
+    assert watch.spike() is None  # the same data brought the same spike: a property of the run, not a fault
+    for reports in _losses(assignment, {22: 30.0}):
+        watch.observe(assignment, reports)
+    assert watch.spike().step == 22
+
+
+def test_only_the_plans_members_losses_count():
+    assignment = plan()
+    watch = _watch(assignment, {step: 3.0 for step in range(20)})
+    for reports in _losses(assignment, {20: 100.0}, signer=IDS[8]):  # a stranger's Progress
+        watch.observe(assignment, reports)
+    assert watch.spike() is None
+
+
+def test_a_rollback_goes_to_the_newest_complete_checkpoint_before_the_spike():
+    a, b = IDS[:2]
+    records = {a: record(a).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=[0, 2]) for s in (8, 12, 16)]}),
+               b: record(b).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=[2, 4]) for s in (8, 12)]})}
+    origin = rollback_state(records, {a, b}, 4, before=16, why="loss spike")
+    assert origin.step == 12 and origin.handoff.resumed_from_checkpoint and origin.handoff.sources == [a, b]
+    assert "rolled back to the checkpoints of step 12" in origin.note
+    assert rollback_state(records, {a, b}, 4, before=8, why="x") is None
+
+
+def test_a_spike_threshold_at_or_below_one_is_refused():
+    with pytest.raises(ConfigError):
+        LossWatch(threshold=1.0)
