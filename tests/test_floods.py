@@ -1,8 +1,10 @@
-"""Floods on real p2p daemons: a stranger's bandwidth probes, one peer's probe storm, and a stream message that
-claims a gigabyte are each cut off at once, while the peer keeps serving (client/peer/peer_gate.py)."""
+"""Floods on real p2p daemons: a stranger's bandwidth probes, one peer's probe storm or state questions, and a
+stream message that claims a gigabyte are each cut off at once, while the peer keeps serving
+(client/peer/peer_gate.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from hivemind.p2p import P2P
@@ -10,6 +12,7 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeConfig, ProbeServicer, _stream_time, measure_link
 from hetswarm.client.peer.peer_gate import bound_stream_messages
+from hetswarm.client.training.state_handoff import StateServer, StateStore
 from tests.helpers.p2p_nodes import connected_p2ps
 
 NAMESPACE = "flood.probe"
@@ -86,3 +89,21 @@ def test_a_stream_message_claiming_a_gigabyte_is_cut_off_unread_and_the_peer_kee
 
     rest, closed_after = asyncio.run(scenario())
     assert closed_after < 10
+
+
+def test_a_peer_that_keeps_asking_for_state_is_answered_nothing_past_its_burst(caplog):
+    """Each state question may make a peer read a checkpoint from disk: one peer's questions are bounded."""
+    async def scenario() -> tuple[int, int]:
+        async with connected_p2ps(2) as (server_p2p, asker):
+            server = StateServer(server_p2p, StateStore(), namespace="flood.state")
+            await server.attach()
+            stub = StateServer.get_stub(asker, server_p2p.peer_id, namespace="flood.state")
+            question = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": 1, "units": ["embed"]}).encode())
+            answered = 0
+            for _ in range(60):  # bounded: 60 questions as fast as they go
+                answered += (await stub.rpc_state_info(question)).metadata == b"{}"
+            return answered, sum(server.questions.refused.values())
+
+    answered, refused = asyncio.run(scenario())
+    assert 32 <= answered <= 34 and answered + refused == 60  # the burst, and the few tokens that refilled
+    assert any("state question" in r.getMessage() and "calls per second" in r.getMessage() for r in caplog.records)

@@ -30,6 +30,7 @@ from typing import AsyncIterator
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
+from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError
 from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
@@ -110,12 +111,15 @@ class StateStore:
 
 class StateServer(ServicerBase):
     """Serves a StateStore to any peer of the swarm (the state is the swarm's model, not a secret), at most
-    ``_CONCURRENT_UPLOADS`` units at a time."""
+    ``_CONCURRENT_UPLOADS`` units at a time, and within per-peer limits (client/peer/peer_gate.py): a question may
+    make us read a checkpoint from disk, so nobody may ask without end."""
 
     def __init__(self, p2p: P2P, store: StateStore, *, namespace: str) -> None:
         self.p2p, self.store, self.namespace = p2p, store, namespace
         self._encoded: dict[tuple[int, str], tuple[bytes, str]] = {}
         self._uploads = asyncio.Semaphore(_CONCURRENT_UPLOADS)
+        self.questions = PeerGate(name="state question", max_concurrent=2, per_s=2.0, burst=32)
+        self.downloads = PeerGate(name="state download", max_concurrent=_CONCURRENT_UPLOADS, per_s=10.0, burst=256)
 
     async def attach(self) -> None:
         await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
@@ -141,6 +145,10 @@ class StateServer(ServicerBase):
 
     async def rpc_state_info(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                              ) -> runtime_pb2.ExpertResponse:
+        with self.questions.enter(context.remote_id.to_base58()) as refused:
+            return runtime_pb2.ExpertResponse() if refused else await self._info(request, context)
+
+    async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
             asked = _parse(request.metadata)
             step, units = int(asked["step"]), [str(unit) for unit in asked["units"]][:1024]
@@ -163,12 +171,15 @@ class StateServer(ServicerBase):
         except (RejectedInput, KeyError, TypeError, ValueError) as e:
             logger.info(f"Refused a state request from {context.remote_id}: {e}")
             return
-        async with self._uploads:
-            held = (await self._encodings(step, [unit])).get(unit)
-            if held is None or held[1] != digest:
+        with self.downloads.enter(context.remote_id.to_base58()) as refused:
+            if refused:
                 return
-            for part in byte_parts(held[0]):
-                yield runtime_pb2.ExpertResponse(metadata=part)
+            async with self._uploads:
+                held = (await self._encodings(step, [unit])).get(unit)
+                if held is None or held[1] != digest:
+                    return
+                for part in byte_parts(held[0]):
+                    yield runtime_pb2.ExpertResponse(metadata=part)
 
 
 async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str],
