@@ -107,3 +107,38 @@ def test_a_member_that_sends_nan_or_huge_values_is_left_out_and_named_and_nobody
     for seed, local in enumerate(honest):
         for got, original in zip(local, _tensors(seed)):
             assert torch.equal(got, original)  # untouched: no NaN reached an honest replica
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_claims_a_large_weight_counts_as_much_as_any_other(monkeypatch):
+    """hivemind takes each sender's weight from its message; here every part counts once, so the parts the honest
+    members reduce are the plain mean (the attacker's own reductions are its own to corrupt: a reducer is trusted
+    with its parts, see docs/hivemind.md)."""
+    from hetswarm.client.training import group_allreduce
+
+    attacker: list = []
+
+    class Heavy(group_allreduce.ExactAllReduceRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs, weight=1000.0 if kwargs["p2p"].peer_id in attacker else 1.0)
+
+    monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Heavy)
+
+    async def weighted() -> list[list[torch.Tensor]]:
+        async with connected_p2ps(3) as p2ps:
+            members = [p2p.peer_id for p2p in p2ps]
+            attacker.append(members[2])
+            groups = [StageGroup(p2p, members, namespace="ar-test_stage0_allreduce", round_tag="ar-test/v1/stage0",
+                                 sender_timeout_s=1.0, reducer_timeout_s=2.0) for p2p in p2ps]
+            for group in groups:
+                await group.attach()
+            tensors = [_tensors(seed) for seed in range(3)]
+            await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)))
+            return tensors[:2]
+
+    honest = asyncio.run(weighted())
+    plain = torch.cat([torch.stack([_tensors(s)[i] for s in range(3)]).mean(0).flatten() for i in range(len(SHAPES))])
+    for local in honest:
+        got = torch.cat([t.flatten() for t in local])
+        equal = torch.isclose(got, plain, rtol=1e-5, atol=1e-6).float().mean()
+        assert equal >= 0.6, f"only {equal:.0%} of the values are the plain mean"  # ~2/3: the honest reducers' parts
