@@ -48,6 +48,7 @@ from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.limits import MAX_REFUSED_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords, check_ttl
 from hetswarm.protocol.records import (
+    Aggregation,
     Assignment,
     CheckpointPlan,
     Handoff,
@@ -86,6 +87,8 @@ class BroadcastConfig:
     checkpoint_every_s: float | None = None
     """Also at least this often, in the plan's predicted step time: a plan's checkpoints must fall on the same steps
     in every stage, so a time interval is turned into steps when the plan is made."""
+    aggregation: Aggregation = "mean"
+    """How stage groups combine gradients (client/training/robust_aggregation.py): CenteredClip for open swarms."""
     rollback_spike: float = 2.0
     """A step's loss above this multiple of the recent median rolls the swarm back to a checkpoint; 0: never
     (coordinator/loss_watch.py)."""
@@ -122,7 +125,8 @@ def _bounded(reasons: Mapping[str, str]) -> dict[str, str]:
 
 
 def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int,
-                     handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None) -> Assignment:
+                     handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None,
+                     aggregation: Aggregation = "mean") -> Assignment:
     """The signed record clients follow, from a priced proposal."""
     d_pp, d_dp = proposal.plan.grid.shape
     pipelines = proposal.pipelines
@@ -144,6 +148,7 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         issued_at=get_dht_time(),
         handoff=handoff,
         checkpoints=checkpoints,
+        aggregation=aggregation,
     )
 
 
@@ -314,7 +319,8 @@ class Broadcaster:
         self.assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
-                                                               self._checkpoint_every(proposal)))
+                                                               self._checkpoint_every(proposal)),
+            aggregation=self.config.aggregation)
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)
         d_pp, d_dp = proposal.plan.grid.shape

@@ -35,6 +35,8 @@ from hetswarm.protocol.model_config import ModelConfig
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
 Health = Literal["training", "retrying", "stalled"]
+Aggregation = Literal["mean", "centered_clip"]
+"""How a stage group's reducers combine the members' gradients (client/training/robust_aggregation.py)."""
 StateOrigin = Literal["seed", "kept", "handed off", "checkpoint"]
 """Where a stage's state came from when its plan started: the seed, this peer's own state, other peers' (a
 hand-off), or checkpoints (a resume)."""
@@ -167,6 +169,8 @@ class Assignment(_Record):
     handoff: Handoff | None = None
     """None: every stage starts from the seed (a fresh run)."""
     checkpoints: CheckpointPlan | None = None
+    aggregation: Aggregation = "mean"
+    """How stage groups combine gradients: the mean, or CenteredClip for open swarms."""
 
     def model_config(self) -> ModelConfig:
         """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.

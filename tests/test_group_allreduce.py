@@ -142,3 +142,30 @@ def test_a_member_that_claims_a_large_weight_counts_as_much_as_any_other(monkeyp
         got = torch.cat([t.flatten() for t in local])
         equal = torch.isclose(got, plain, rtol=1e-5, atol=1e-6).float().mean()
         assert equal >= 0.6, f"only {equal:.0%} of the values are the plain mean"  # ~2/3: the honest reducers' parts
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("aggregation", ["mean", "centered_clip"])
+def test_centered_clip_keeps_a_scaled_contribution_from_moving_the_average(aggregation):
+    """A member sends 100× its gradients (under the 1000× ban): the mean follows it, CenteredClip stays with the
+    two honest members."""
+    async def scaled() -> list[list[torch.Tensor]]:
+        async with connected_p2ps(3) as p2ps:
+            members = [p2p.peer_id for p2p in p2ps]
+            groups = [StageGroup(p2p, members, namespace="ar-test_stage0_allreduce", round_tag="ar-test/v1/stage0",
+                                 sender_timeout_s=1.0, reducer_timeout_s=2.0, aggregation=aggregation)
+                      for p2p in p2ps]
+            for group in groups:
+                await group.attach()
+            tensors = [_tensors(seed) for seed in range(3)]
+            for tensor in tensors[2]:
+                tensor.mul_(100.0)
+            await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)))
+            return tensors
+
+    results = asyncio.run(scaled())
+    honest = torch.cat([torch.stack([_tensors(s)[i] for s in range(2)]).mean(0).flatten() for i in range(len(SHAPES))])
+    got = [torch.cat([t.flatten() for t in local]) for local in results]
+    assert all(torch.equal(got[0], other) for other in got[1:])  # every member holds the same bits either way
+    error = float((got[0] - honest).norm() / honest.norm())
+    assert error > 20 if aggregation == "mean" else error < 2, error  # honest seeds differ as much as any two

@@ -63,6 +63,8 @@ def coordinator(
         "--checkpoint-every-s", help="Also checkpoint at least this often (seconds, in predicted step time).")] = None,
     lost_state_wait: Annotated[float, typer.Option(help="Seconds to wait for a peer holding layers nobody else "
                                                         "holds before they restart from the seed.")] = 120.0,
+    aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "
+                                                  "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
                                                        "this many times its recent median (0: never).")] = 2.0,
     closed: Annotated[bool, typer.Option("--closed", help="Plan only peers holding a join token of this coordinator "
@@ -94,7 +96,8 @@ def coordinator(
     broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
                                        state_path=state_path_for(identity_path) if identity_path else None,
                                        checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
-                                       lost_state_wait_s=lost_state_wait, rollback_spike=rollback_spike)
+                                       lost_state_wait_s=lost_state_wait, rollback_spike=rollback_spike,
+                                       aggregation=_aggregation(aggregation))
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     allowed = load_allow_list(allow_list) if allow_list is not None else frozenset()
@@ -109,3 +112,9 @@ def _degree(option: str, value: str) -> int | None:
         return int(value)
     except ValueError:
         raise RejectedInput(f"{option} must be a positive number or auto, got {value!r}") from None
+
+
+def _aggregation(name: str) -> str:
+    if name not in ("mean", "centered-clip"):
+        raise RejectedInput(f"--aggregation must be mean or centered-clip, got {name!r}")
+    return name.replace("-", "_")

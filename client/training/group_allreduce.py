@@ -20,19 +20,21 @@ after every round and raises ``PartialAllReduce`` rather than hand back a partia
 import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import AsyncIterator  # ServicerBase recognises streams by typing.AsyncIterator only
 
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, GroupID
-from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, BannedException
+from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, BannedException, TensorPartReducer
 from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import achain, aenumerate, as_aiter
 
 from hetswarm.client.training.errors import PartialAllReduce
+from hetswarm.client.training.robust_aggregation import centered_clip
+from hetswarm.protocol.records import Aggregation
 
 __all__ = ["ExactAllReduceRunner", "GroupRouter", "StageGroup"]
 
@@ -107,6 +109,35 @@ class GroupRouter(ServicerBase):
                 round_.drained.set()
 
 
+class _Kept:
+    """Stands in for TensorPartReducer's running sum of one part: keeps each sender's version, and aggregates them
+    all at once when the reducer divides by the total weight (hivemind/averaging/partition.py)."""
+
+    def __init__(self, aggregate: Callable[[list[torch.Tensor]], torch.Tensor]) -> None:
+        self.parts: list[torch.Tensor] = []
+        self.aggregate = aggregate
+
+    def add_(self, tensor: torch.Tensor, alpha: float = 1.0) -> "_Kept":
+        self.parts.append(tensor)
+        return self
+
+    def div_(self, denominator: float) -> torch.Tensor:
+        return self.aggregate(self.parts)
+
+
+class _RobustReducer(TensorPartReducer):
+    """A TensorPartReducer that aggregates each part with `aggregate` (CenteredClip) instead of averaging it."""
+
+    def __init__(self, part_shapes, num_senders: int, aggregate: Callable[[list[torch.Tensor]], torch.Tensor]):
+        self._aggregate = aggregate  # before super().__init__, which prepares the first part
+        super().__init__(part_shapes, num_senders)
+
+    def reset_accumulators(self) -> None:
+        super().reset_accumulators()
+        if not self.finished.is_set():
+            self.accumulator = _Kept(self._aggregate)
+
+
 class ExactAllReduceRunner(AllReduceRunner):
     """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors.
 
@@ -115,7 +146,17 @@ class ExactAllReduceRunner(AllReduceRunner):
     this member's own part (or, for a part that is all zeros here, its parts' mean norm), bans its sender: the round
     is partial and names it (``StageGroup.average``) instead of poisoning every replica's average. Replicas of one
     stage compute gradients of one model on batches of one size, so honest parts differ by far less.
+
+    With ``aggregation="centered_clip"`` each reducer aggregates its parts with CenteredClip rather than the mean
+    (client/training/robust_aggregation.py): for open swarms, where a member may send values within those bounds
+    that are still wrong.
     """
+
+    def __init__(self, *args, aggregation: Aggregation = "mean", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if aggregation == "centered_clip":
+            reducer = self.tensor_part_reducer
+            self.tensor_part_reducer = _RobustReducer(reducer.part_shapes, reducer.num_senders, centered_clip)
 
     def _part_bound(self, part_index: int) -> float:
         """The largest norm a sender's part `part_index` may have (class docstring)."""
@@ -169,7 +210,7 @@ class StageGroup:
 
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
-        reducer_timeout_s: float,
+        reducer_timeout_s: float, aggregation: Aggregation = "mean",
     ) -> None:
         """
         Args:
@@ -178,13 +219,14 @@ class StageGroup:
             round_tag: names the assignment and stage; with the step it makes the group id of a round.
             sender_timeout_s: how long a member may be late with its parts before it is left out; covers the
                 spread between the members' backward passes. Must be below ``reducer_timeout_s``.
+            aggregation: how a reducer combines the members' versions of a part (ExactAllReduceRunner).
         """
         if p2p.peer_id not in members:
             raise ValueError(f"{p2p.peer_id} is not among the group members {list(map(str, members))}")
         if not 0 < sender_timeout_s < reducer_timeout_s:
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
-        self.p2p, self.namespace, self.round_tag = p2p, namespace, round_tag
+        self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
         self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s)
@@ -214,7 +256,7 @@ class StageGroup:
         runner = ExactAllReduceRunner(
             p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
-            sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s,
+            sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
             part_size_bytes=max(_MIN_PART_BYTES, min(DEFAULT_PART_SIZE_BYTES, total_bytes // (2 * len(self.members)))),
         )

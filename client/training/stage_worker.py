@@ -325,7 +325,8 @@ async def start_stage(
     members = [PeerID.from_base58(pipeline[role.stage]) for pipeline in assignment.pipelines]  # stage replicas
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage),
                        round_tag=f"{swarm}/v{assignment.version}/stage{role.stage}",
-                       sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s)
+                       sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
+                       aggregation=assignment.aggregation)
 
     everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
     board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version))
