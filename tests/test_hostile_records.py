@@ -12,12 +12,15 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from hetswarm.coordinator.admission import Admission, load_allow_list
+from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
+from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.run_state import highest_followed_version
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.join_tokens import issue_token, token_is_valid
 from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_TTL_S, MAX_STEP
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from tests.helpers.dht_nodes import dht_pair, start_node
 from tests.test_protocol_security import make_record, peers_seen_by, store_raw
@@ -153,3 +156,35 @@ def test_the_token_command_prints_a_token_that_verifies(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "hetswarm.client.cli", "token", "nonsense", "--identity-path",
                               str(key_path)], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "not a peer id" in refused.stderr
+
+
+def test_a_coordinator_round_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, caplog):
+    """Whatever one read brings, the coordinator's loop outlives it: here its replanner fails on the first round."""
+    node, key = start_node(SWARM, tmp_path / "coordinator.key")
+
+    class FailsOnce(Replanner):
+        calls = 0
+
+        def decide(self, records, now):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 1:
+                raise ValueError("bandwidth_gbps has NaN or infinite entries off the diagonal")
+            return super().decide(records, now)
+
+    async def scenario() -> None:
+        broadcaster = Broadcaster(node, private_key=key, coordinator_id=peer_id_of(key.get_public_key()),
+                                  replanner=FailsOnce(PlannerConfig(model=get_model_config("tiny"))),
+                                  config=BroadcastConfig(swarm=SWARM, interval_s=0.2))
+        stop = asyncio.Event()
+        task = asyncio.create_task(broadcaster.run(stop))
+        await asyncio.sleep(3)
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        node.shutdown()
+    assert FailsOnce.calls >= 3  # rounds went on after the failure
+    assert any("A coordinator round failed (ValueError: bandwidth_gbps has NaN" in r.getMessage()
+               for r in caplog.records)
