@@ -182,6 +182,8 @@ class Broadcaster:
         self._refusals: tuple[dict[str, str], dict[str, str]] = ({}, {})
         """The refused and the flagged peers last published."""
         self._refusals_published_at = -math.inf
+        self._abandoned: list[tuple[int, int]] = []
+        """(step, version) of each plan that went back to a checkpoint (coordinator/state_plan.py, plan_state)."""
         self._pending: tuple[Proposal, str] | None = None
         """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
         self._state_missing_since: float | None = None
@@ -291,7 +293,7 @@ class Broadcaster:
         if spike is None or proposal is None or self.assignment is None:
             return
         origin = rollback_state(self._peers, self.assignment.roles, proposal.model.n_layers,
-                                before=spike.last_good + 1, why=spike.describe())
+                                before=spike.last_good + 1, why=spike.describe(), abandoned=self._abandoned)
         if origin is None:
             logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
             self.losses.settle(spike, rolled_back_to=None, through_newest=True)
@@ -308,13 +310,16 @@ class Broadcaster:
         origin = origin or plan_state(
             previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
             live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
-            n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s)
+            n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s,
+            abandoned=self._abandoned)
         if isinstance(origin, str):
             if self._pending is None:
                 logger.warning(f"Not publishing the plan ({reason}): {origin}")
             self._pending = (proposal, reason)
             return
         self._pending, self._state_missing_since = None, None
+        if origin.handoff is not None and origin.handoff.resumed_from_checkpoint:
+            self._abandoned.append((origin.step, version))
         step, reason = origin.step, "; ".join(part for part in (origin.note, reason) if part)
         self.assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,

@@ -35,20 +35,22 @@ class StatePlan:
 
 
 def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection[str],
-               records: Mapping[str, PeerRecord], progress: Mapping[str, Progress], n_layers: int, give_up: bool
-               ) -> StatePlan | str:
+               records: Mapping[str, PeerRecord], progress: Mapping[str, Progress], n_layers: int, give_up: bool,
+               abandoned: Collection[tuple[int, int]] = ()) -> StatePlan | str:
     """The state a plan over `alive` peers starts from (module docstring), or why it cannot start yet.
 
     Args:
         live_step: `start_step` of the previous plan's survivors.
         give_up: layers held by nobody start again from the seed (else the answer is a reason to wait).
+        abandoned: (step, version) of each plan that went back to `step`: checkpoints of later steps written under
+            older versions are of the trajectory it abandoned, and are never resumed from.
     """
     fresh = previous is None or live_step == 0  # nothing trained yet: nothing to lose
     holders = {} if fresh else _holders(previous, alive, progress)
     missing = _uncovered(holders.values(), n_layers)
     if not missing:
         return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders)))
-    resume = newest_complete_checkpoint(records, alive, n_layers)
+    resume = newest_complete_checkpoint(records, alive, n_layers, abandoned=abandoned)
     if resume is not None:
         step, sources = resume
         why = "a fresh start" if fresh else f"no live replica of layers {_ranges(missing)}"
@@ -64,10 +66,10 @@ def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection
 
 
 def rollback_state(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *, before: int,
-                   why: str) -> StatePlan | None:
-    """The plan's state after a loss spike at step `before` (coordinator/loss_watch.py): the newest complete
-    checkpoint taken before it, or None when there is none."""
-    resume = newest_complete_checkpoint(records, alive, n_layers, before=before)
+                   why: str, abandoned: Collection[tuple[int, int]] = ()) -> StatePlan | None:
+    """The plan's state after a loss spike (coordinator/loss_watch.py): the newest complete checkpoint of a step
+    below `before`, or None when there is none."""
+    resume = newest_complete_checkpoint(records, alive, n_layers, before=before, abandoned=abandoned)
     if resume is None:
         return None
     step, sources = resume
@@ -111,15 +113,17 @@ def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:
 
 
 def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *,
-                                before: int | None = None) -> tuple[int, list[str]] | None:
-    """The newest step (below `before`, when given) whose checkpoints, held by peers in view, cover every layer, and
-    the peers that hold them."""
+                                before: int | None = None, abandoned: Collection[tuple[int, int]] = ()
+                                ) -> tuple[int, list[str]] | None:
+    """The newest step (below `before`, when given) whose checkpoints, held by peers in view and not of an
+    `abandoned` trajectory (`plan_state`), cover every layer, and the peers that hold them."""
     by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}
     for peer, record in records.items():
         if peer not in alive:
             continue
         for info in record.checkpoints:
-            if before is not None and info.step >= before:
+            if (before is not None and info.step >= before) or any(
+                    info.step > step and info.plan_version < version for step, version in abandoned):
                 continue
             by_step.setdefault(info.step, {}).setdefault(peer, []).append(tuple(info.layers))
     for step in sorted(by_step, reverse=True):

@@ -89,6 +89,9 @@ class CheckpointInfo(_Record):
 
     step: conint(strict=True, ge=1, le=MAX_STEP)
     layers: conlist(conint(strict=True, ge=0, le=MAX_STEP), min_items=2, max_items=2)
+    plan_version: conint(strict=True, ge=0, le=MAX_STEP) = 0
+    """The plan it was written under: after a plan goes back to an earlier step, checkpoints of later steps written
+    under older plans are of an abandoned trajectory (coordinator/state_plan.py)."""
 
 
 class PeerRecord(_Record):

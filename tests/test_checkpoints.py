@@ -36,7 +36,8 @@ def test_a_saved_checkpoint_is_found_whole_and_only_the_newest_are_kept(tmp_path
     for name, tensor in state_at(12).tensors.items():
         assert torch.equal(found.tensors[name], tensor), name
     assert folder.find(4, ["head"]) is None and folder.find(12, ["embed"]) is None
-    assert folder.infos() == [CheckpointInfo(step=12, layers=[2, 4]), CheckpointInfo(step=8, layers=[2, 4])]
+    assert folder.infos() == [CheckpointInfo(step=12, layers=[2, 4], plan_version=3),
+                              CheckpointInfo(step=8, layers=[2, 4], plan_version=3)]
 
 
 def test_a_corrupt_or_half_written_checkpoint_is_skipped(tmp_path, caplog):

@@ -23,7 +23,9 @@ from tests.test_state_survives import _STEP_LOSS, _fault_free_run, model_file
 from tests.test_training_correctness import D_DP, D_PP, SEED
 
 SWARM = "rollback"
-STEPS, CORRUPT, EVERY = 32, 18, 4
+STEPS, CORRUPT, EVERY = 40, 18, 8
+"""The clients train on for a few steps before the rollback plan reaches them, so the checkpoint it names (16)
+must outlive the next one (24), not two more: each saver keeps its last two."""
 SITES = ("Oregon", "Oregon", "Tokyo", "Tokyo")
 """Emulated world-wide links make a step take about a second, as on a real swarm: loopback steps (0.1 s) outrun
 the coordinator's once-a-second look, and the clean checkpoints would be rotated out before it acts."""

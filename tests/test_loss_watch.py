@@ -71,3 +71,18 @@ def test_a_rollback_goes_to_the_newest_complete_checkpoint_before_the_spike():
 def test_a_spike_threshold_at_or_below_one_is_refused():
     with pytest.raises(ConfigError):
         LossWatch(threshold=1.0)
+
+
+def test_checkpoints_of_an_abandoned_trajectory_are_never_resumed_from():
+    """After a plan (v5) went back to step 8, the step-12 checkpoints written under v3 are of the future it abandoned;
+    one written again under v5 is fine."""
+    a, b = IDS[:2]
+    old = [CheckpointInfo(step=s, layers=[0, 2], plan_version=3) for s in (8, 12)]
+    records = {a: record(a).copy(update={"checkpoints": old}),
+               b: record(b).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=[2, 4], plan_version=3)
+                                                         for s in (8, 12)]})}
+    assert rollback_state(records, {a, b}, 4, before=20, why="x").step == 12
+    assert rollback_state(records, {a, b}, 4, before=20, why="x", abandoned=[(8, 5)]).step == 8
+    again = {p: r.copy(update={"checkpoints": [CheckpointInfo(step=12, layers=r.checkpoints[0].layers, plan_version=5)]})
+             for p, r in records.items()}
+    assert rollback_state(again, {a, b}, 4, before=20, why="x", abandoned=[(8, 5)]).step == 12

@@ -52,7 +52,10 @@ def _run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
     """`hetswarm demo`: run_swarm with a live view, then the summary and its PNG (demo.png in the work folder);
     says where the logs are either way."""
     workdir: list[Path] = []
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up as Ctrl+C does
+    # Ctrl+C and `kill` raise KeyboardInterrupt wherever the demo is, also inside its event loop, whose own SIGINT
+    # handler would only cancel the task that happens to run (once seen to let an interrupted demo run on to the end)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             phases = run_swarm(config, on_update=lambda watch: live.update(render_watch(watch)),

@@ -47,7 +47,7 @@ class CheckpointMeta:
     """The data file."""
 
     def info(self) -> CheckpointInfo:
-        return CheckpointInfo(step=self.step, layers=list(self.layers))
+        return CheckpointInfo(step=self.step, layers=list(self.layers), plan_version=self.plan_version)
 
 
 class CheckpointDir:

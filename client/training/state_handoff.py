@@ -101,6 +101,11 @@ class StateStore:
                 kept.append(old)
         self._states = kept
 
+    def forget_after(self, step: int) -> None:
+        """Drops the states of steps after ``step`` from memory: a plan went back to it, and they belong to the
+        trajectory it abandoned (the coordinator no longer resumes from their checkpoints either)."""
+        self._states = [state for state in self._states if state.step <= step]
+
     def find(self, step: int, units: Sequence[str]) -> StageState | None:
         """The state of ``units`` ready for ``step``, from memory or else from a checkpoint (blocking: disk)."""
         for state in self._states:

@@ -272,6 +272,8 @@ class Trainer:
             StateUnavailable: the plan says the state exists, but no peer asked holds it.
         """
         model, handoff, step = assignment.model_config(), assignment.handoff, assignment.step
+        if handoff is not None and handoff.resumed_from_checkpoint:
+            self.store.forget_after(step)
         units = units_of_layers(tuple(assignment.stage_layers[role.stage]), model.n_layers)
         seeded = set(units) if handoff is None else {
             unit for a, b in handoff.seeded_layers for unit in units_of_layers((a, b), model.n_layers)}
