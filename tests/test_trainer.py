@@ -24,7 +24,8 @@ from tests.helpers.dht_nodes import start_node
 SWARM = "trainertest"
 TINY = get_model_config("tiny")
 D_PP, D_DP = 2, 2
-MAX_STEPS = 10
+MAX_STEPS = 40
+"""Room for the switch: on a fast machine a plan trains many steps while the test reads the records once."""
 SWITCH_AFTER_STEP = 3
 pytestmark = pytest.mark.timeout(240)
 
