@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.errors import ConfigError, RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
+
+if TYPE_CHECKING:  # the scheduler imports no pydantic (tests/test_import_doors.py)
+    from hetswarm.protocol.wire_format import WireFormat
 
 __all__ = ["CostBreakdown", "CostEvaluator", "InvalidPlanShape", "PaperCostModel", "Payloads", "edge_time_s"]
 
@@ -45,8 +48,12 @@ class Payloads:
             raise ConfigError(f"payloads must be positive bytes, got dp_bytes={self.dp_bytes}, pp_bytes={self.pp_bytes}")
 
     @classmethod
-    def from_model(cls, model: ModelConfig, *, d_dp: int, d_pp: int) -> Payloads:
-        return cls(dp_bytes=model.dp_payload_bytes(d_pp), pp_bytes=model.pp_payload_bytes(d_dp))
+    def from_model(cls, model: ModelConfig, *, d_dp: int, d_pp: int, wire: WireFormat | None = None) -> Payloads:
+        """The model's payloads as `wire` sends them (protocol/wire_format.py), or at the model's own byte widths."""
+        if wire is None:
+            return cls(dp_bytes=model.dp_payload_bytes(d_pp), pp_bytes=model.pp_payload_bytes(d_dp))
+        return cls(dp_bytes=model.dp_payload_bytes(d_pp, wire.allreduce_bytes_per_value),
+                   pp_bytes=model.pp_payload_bytes(d_dp, wire.pipeline_bytes_per_value))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

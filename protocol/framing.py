@@ -5,13 +5,14 @@ attempt number with the same data, so frames of the aborted attempt can be told 
 
 A frame is a list of ``runtime_pb2.ExpertRequest`` messages. The first carries the ``FrameHeader`` (JSON in
 ``metadata``) and the first part of the tensor; each later message carries one more part. The tensor is
-serialized by hivemind (``serialize_torch_tensor``, no compression) and split into FRAME_PART_BYTES parts, since
-hivemind messages over 4 MiB misbehave (docs/hivemind.md, pitfall 2).
+serialized in the plan's codec for its kind (protocol/codecs.py: fp32, fp16, or hivemind's 8-bit quantization) and
+split into FRAME_PART_BYTES parts, since hivemind messages over 4 MiB misbehave (docs/hivemind.md, pitfall 2).
 
 A receiver states what it expects (``Expectation``) and reads with ``read_frame`` (a stream) or ``decode_frame``
 (messages at hand). Anything else is refused with a ``FrameError`` that says what was wrong, before the tensor is
-built: a malformed header, the wrong kind, assignment version, step, pipeline, micro-batch, shape or dtype, more
-tensor bytes than the header's shape needs, or more than ``max_frame_bytes`` in all. Bytes are counted as the
+built: a malformed header, the wrong kind, assignment version, step, pipeline, micro-batch, shape or codec, a
+payload that is not what the header's codec and shape make (its compression, dtype, size or byte count), or more
+than ``max_frame_bytes`` in all. Bytes are counted as the
 messages arrive, and reading stops at the first message past a limit.
 """
 import math
@@ -19,24 +20,27 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
-from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.proto import runtime_pb2
 from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
-from pydantic.v1 import BaseModel, Extra, StrictStr, ValidationError, conint, conlist, validator
+from pydantic.v1 import BaseModel, Extra, ValidationError, conint, conlist
 
+from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, encode_tensor, wire_bytes, wire_dtype
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.limits import FRAME_PART_BYTES, MAX_FRAME_BYTES, MAX_FRAME_HEADER_BYTES
+from hetswarm.protocol.wire_format import CODEBOOK_BYTES, Codec
 
 __all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decode_frame", "encode_frame",
            "read_frame"]
 
 FrameKind = Literal["activations", "gradients"]
 
-_WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# hivemind sends bf16 as fp32 by default (USE_LEGACY_BFLOAT16=1), as raw bf16 otherwise; a receiver accepts both
-_WIRE_BYTES_PER_VALUE = {"float32": (4,), "float16": (2,), "bfloat16": (2, 4)}
 _MAX_DIMS = 8
+
+
+_CODEBOOK_PREFIX = np.int64((CODEBOOK_BYTES - 8) // 4).tobytes()
+"""How an 8-bit payload starts: its codebook's length (protocol/codecs.py)."""
 
 
 class FrameError(RejectedInput):
@@ -48,7 +52,7 @@ class VersionMismatch(FrameError):
 
 
 class FrameHeader(BaseModel):
-    """Where a tensor belongs in training, and its shape and dtype, checked before its bytes are used."""
+    """Where a tensor belongs in training, and its shape and codec, checked before its bytes are used."""
 
     kind: FrameKind
     assignment_version: conint(strict=True, ge=0)
@@ -59,27 +63,20 @@ class FrameHeader(BaseModel):
     micro_batch: conint(strict=True, ge=0)
     pipeline: conint(strict=True, ge=0)
     shape: conlist(conint(strict=True, ge=0), max_items=_MAX_DIMS)
-    dtype: StrictStr
+    codec: Codec
 
     class Config:
         extra = Extra.forbid
         allow_mutation = False
 
-    @validator("dtype")
-    def _known_dtype(cls, dtype: str) -> str:
-        if dtype not in _WIRE_DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {sorted(_WIRE_DTYPES)}")
-        return dtype
-
     @classmethod
     def for_tensor(
-        cls, tensor: torch.Tensor, *, kind: FrameKind, assignment_version: int, step: int, micro_batch: int,
-        pipeline: int, attempt: int = 0,
+        cls, tensor: torch.Tensor, *, kind: FrameKind, codec: Codec, assignment_version: int, step: int,
+        micro_batch: int, pipeline: int, attempt: int = 0,
     ) -> "FrameHeader":
-        """The header of ``tensor``: its shape and dtype, with the given tags."""
+        """The header of ``tensor`` sent in ``codec``: its shape, with the given tags."""
         return cls(kind=kind, assignment_version=assignment_version, step=step, attempt=attempt,
-                   micro_batch=micro_batch, pipeline=pipeline, shape=list(tensor.shape),
-                   dtype=_dtype_name(tensor.dtype))
+                   micro_batch=micro_batch, pipeline=pipeline, shape=list(tensor.shape), codec=codec)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +86,7 @@ class Expectation:
     kind: FrameKind
     assignment_version: int
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    codec: Codec
     step: int | None = None
     pipeline: int | None = None
     micro_batches: int | None = None
@@ -105,7 +102,7 @@ class Expectation:
             ("step", header.step, self.step),
             ("pipeline", header.pipeline, self.pipeline),
             ("shape", header.shape, list(self.shape)),
-            ("dtype", header.dtype, _dtype_name(self.dtype)),
+            ("codec", header.codec, self.codec),
         ]
         for name, got, wanted in mismatches:
             if wanted is not None and got != wanted:
@@ -115,17 +112,13 @@ class Expectation:
         return None
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def encode_frame(
     header: FrameHeader, tensor: torch.Tensor, *, part_size_bytes: int = FRAME_PART_BYTES
 ) -> list[runtime_pb2.ExpertRequest]:
-    """The messages that carry ``tensor`` under ``header``; the tensor may live on any device."""
-    if header.shape != list(tensor.shape) or header.dtype != _dtype_name(tensor.dtype):
-        raise ValueError(f"header says {header.dtype} {header.shape}, tensor is {tensor.dtype} {list(tensor.shape)}")
-    serialized = serialize_torch_tensor(tensor.detach().cpu())  # hivemind serializes CPU tensors only
+    """The messages that carry ``tensor`` in the header's codec; the tensor may live on any device."""
+    if header.shape != list(tensor.shape):
+        raise ValueError(f"header says shape {header.shape}, tensor is {list(tensor.shape)}")
+    serialized = encode_tensor(tensor, header.codec)
     parts = list(split_for_streaming(serialized, part_size_bytes))
     first = runtime_pb2.ExpertRequest(metadata=header.json().encode(), tensors=parts[:1])
     return [first, *(runtime_pb2.ExpertRequest(tensors=[part]) for part in parts[1:])]
@@ -160,7 +153,7 @@ class _FrameReader:
         self.tensor_bytes += len(part.buffer)
         if self.tensor_bytes > self._max_tensor_bytes():
             raise FrameError(f"frame carries over {self._max_tensor_bytes()} tensor bytes, "
-                             f"more than {self.header.dtype} {self.header.shape} needs; stopped reading")
+                             f"more than {self.header.codec} {self.header.shape} needs; stopped reading")
 
     def _parse_header(self, metadata: bytes) -> FrameHeader:
         if not metadata:
@@ -180,25 +173,29 @@ class _FrameReader:
         return max(self.parts[0].chunks, 1)  # hivemind announces 0 chunks for an empty tensor, sent in one part
 
     def _max_tensor_bytes(self) -> int:
-        return math.prod(self.header.shape) * max(_WIRE_BYTES_PER_VALUE[self.header.dtype])
+        return wire_bytes(self.header.codec, math.prod(self.header.shape))
 
     def finish(self) -> tuple[FrameHeader, torch.Tensor]:
         if self.header is None:
             raise FrameError("the stream ended before a frame began")
-        first, numel = self.parts[0], math.prod(self.header.shape)
-        if first.compression != runtime_pb2.CompressionType.NONE:
-            raise FrameError(f"frame tensor uses compression {first.compression}; hetswarm sends NONE")
-        if first.dtype != self.header.dtype or list(first.size) != self.header.shape:
+        first, codec = self.parts[0], self.header.codec
+        compression, dtype = COMPRESSION_TYPES[codec], str(wire_dtype(codec)).removeprefix("torch.")
+        if first.compression != compression:
+            raise FrameError(f"frame tensor uses {runtime_pb2.CompressionType.Name(first.compression)}, its header's "
+                             f"codec {codec} is sent as {runtime_pb2.CompressionType.Name(compression)}")
+        if first.dtype != dtype or list(first.size) != self.header.shape:
             raise FrameError(f"frame tensor is {first.dtype} {list(first.size)}, "
-                             f"its header says {self.header.dtype} {self.header.shape}")
+                             f"its header says {codec} {self.header.shape} ({dtype})")
         if len(self.parts) != self._announced_parts():
             raise FrameError(f"frame tensor came in {len(self.parts)} parts, "
                              f"its first part announced {self._announced_parts()}")
-        widths = _WIRE_BYTES_PER_VALUE[self.header.dtype]
-        if self.tensor_bytes not in {numel * width for width in widths}:
-            raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {self.header.dtype} "
-                             f"{self.header.shape} needs {' or '.join(str(numel * w) for w in widths)}")
-        tensor = deserialize_torch_tensor(combine_from_streaming(self.parts))
+        if self.tensor_bytes != self._max_tensor_bytes():
+            raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {codec} {self.header.shape} "
+                             f"needs {self._max_tensor_bytes()}")
+        serialized = combine_from_streaming(self.parts)
+        if codec == "8bit" and serialized.buffer[:8] != _CODEBOOK_PREFIX:
+            raise FrameError("8-bit frame does not start with a codebook of 256 entries")
+        tensor = decode_tensor(serialized)
         if not torch.isfinite(tensor).all():
             bad = int((~torch.isfinite(tensor)).sum())
             raise FrameError(f"frame carries {bad} NaN or infinite values of {tensor.numel()}")

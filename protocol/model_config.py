@@ -94,21 +94,25 @@ class ModelConfig:
         counts[-1] += self.head_params
         return counts
 
-    def dp_payload_bytes(self, d_pp: int) -> float:
-        """Gradient bytes one stage group all-reduces per step (the largest stage: c_DP)."""
+    def dp_payload_bytes(self, d_pp: int, bytes_per_value: float | None = None) -> float:
+        """Gradient bytes one stage group all-reduces per step (the largest stage: c_DP), at `bytes_per_value`
+        (the wire's, protocol/wire_format.py) or else this config's `grad_bytes_per_param`."""
+        width = self.grad_bytes_per_param if bytes_per_value is None else bytes_per_value
         if self.payload_accounting == "dtfm-reference":  # 1.3e9 · 4 B · 3/24 = 0.65 GB for GPT-3 XL on 8 stages
             largest_stage_layers = max(b - a for a, b in self.stage_layers(d_pp))
-            return float(self.nominal_params * self.grad_bytes_per_param * largest_stage_layers / self.n_layers)
-        return float(max(self.stage_params(d_pp)) * self.grad_bytes_per_param)
+            return float(self.nominal_params * width * largest_stage_layers / self.n_layers)
+        return float(max(self.stage_params(d_pp)) * width)
 
-    def pp_payload_bytes(self, d_dp: int) -> float:
-        """Activation bytes one pipeline sends across one stage boundary per step (c_PP)."""
+    def pp_payload_bytes(self, d_dp: int, bytes_per_value: float | None = None) -> float:
+        """Activation bytes one pipeline sends across one stage boundary per step (c_PP), at `bytes_per_value` or
+        else this config's `activation_bytes_per_value`."""
+        width = self.activation_bytes_per_value if bytes_per_value is None else bytes_per_value
         tokens_per_pipeline = self.batch_tokens / d_dp
         if self.payload_accounting == "dtfm-reference":  # 125000/2048 seqs · 2024 · 2048 · 2 B / 2^30 = 0.4712 "GB"
             sequences = tokens_per_pipeline / self.seq_len
-            gib = sequences * _DTFM_REFERENCE_SEQ_LEN * self.d_model * self.activation_bytes_per_value / BYTES_PER_GIB
+            gib = sequences * _DTFM_REFERENCE_SEQ_LEN * self.d_model * width / BYTES_PER_GIB
             return gib * BYTES_PER_GB
-        return tokens_per_pipeline * self.d_model * self.activation_bytes_per_value
+        return tokens_per_pipeline * self.d_model * width
 
     def stage_flops_per_token(self, d_pp: int) -> list[float]:
         """Forward+backward FLOPs per token of each stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""

@@ -31,6 +31,7 @@ from hetswarm.protocol.limits import (
     MAX_UNREACHABLE_PER_RECORD,
 )
 from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.wire_format import WireFormat
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
@@ -174,6 +175,8 @@ class Assignment(_Record):
     checkpoints: CheckpointPlan | None = None
     aggregation: Aggregation = "mean"
     """How stage groups combine gradients: the mean, or CenteredClip for open swarms."""
+    wire: WireFormat | None = None
+    """The codec of each transfer (protocol/wire_format.py); None: the model config's byte widths."""
 
     def model_config(self) -> ModelConfig:
         """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.
@@ -182,6 +185,14 @@ class Assignment(_Record):
             TypeError, ValueError: the model fields do not make a ModelConfig.
         """
         return replace(ModelConfig.from_dict(self.model), micro_batches=self.micro_batches)
+
+    def wire_format(self) -> WireFormat:
+        """The codecs every peer of this plan sends and expects.
+
+        Raises:
+            TypeError, ValueError: the model fields do not make a ModelConfig.
+        """
+        return self.wire or WireFormat.of_model(self.model_config())
 
     @pydantic.root_validator(skip_on_failure=True)
     def _consistent(cls, values: dict) -> dict:

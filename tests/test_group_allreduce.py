@@ -169,3 +169,59 @@ def test_centered_clip_keeps_a_scaled_contribution_from_moving_the_average(aggre
     assert all(torch.equal(got[0], other) for other in got[1:])  # every member holds the same bits either way
     error = float((got[0] - honest).norm() / honest.norm())
     assert error > 20 if aggregation == "mean" else error < 2, error  # honest seeds differ as much as any two
+
+
+async def _compressed_rounds(codecs: list[str], steps: int) -> tuple[list[list[list[torch.Tensor]]], list,
+                                                                     torch.Tensor | None]:
+    """`steps` rounds of three members whose groups send in `codecs`: each member's tensors after every round, what
+    the last round raised, and the residuals the last round left (flat; None without error feedback): the members'
+    mean residual of what they sent, plus each reducer's residual of the averages it sent back."""
+    async with connected_p2ps(3) as p2ps:
+        members = [p2p.peer_id for p2p in p2ps]
+        groups = [StageGroup(p2p, members, namespace="ar-test_stage0_allreduce", round_tag="ar-test/v1/stage0",
+                             sender_timeout_s=1.0, reducer_timeout_s=2.0, codec=codec)
+                  for p2p, codec in zip(p2ps, codecs)]
+        for group in groups:
+            await group.attach()
+        history, outcomes = [], []
+        for step in range(steps):
+            tensors = [_tensors(100 * step + seed) for seed in range(3)]
+            outcomes = await asyncio.gather(*(group.average(local, step=step) for group, local in zip(groups, tensors)),
+                                            return_exceptions=True)
+            history.append(tensors)
+        if groups[0].feedback is None or any(outcomes):
+            return history, list(outcomes), None
+        made = [group.feedback._made for group in groups]  # noqa: SLF001 - what the last round left
+        sent = torch.stack([torch.cat([m[("sent", i)].flatten() for i in range(len(SHAPES))]) for m in made]).mean(0)
+        by_peer = {group.p2p.peer_id: m for group, m in zip(groups, made)}  # reducers own consecutive parts,
+        reduced = torch.cat([by_peer[peer][key].flatten() for peer in groups[0].members  # in the group's order
+                             for key in sorted(k for k in by_peer[peer] if k[0] == "reduced")])
+        return history, list(outcomes), sent + reduced
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("codec", ["fp16", "8bit"])
+def test_a_compressed_round_leaves_every_member_with_the_same_bits_and_error_feedback_loses_nothing(codec):
+    """Σ_t average_t = Σ_t mean_t − (the residuals left): what a round did not deliver is carried, never dropped."""
+    steps = 6
+    history, outcomes, residuals = asyncio.run(_compressed_rounds([codec] * 3, steps))
+    assert outcomes == [None, None, None]
+    flat = [[torch.cat([t.flatten() for t in local]) for local in round_] for round_ in history]
+    for round_ in flat:
+        assert all(torch.equal(round_[0], other) for other in round_[1:])  # replicas stay bit-identical
+    means = [torch.cat([torch.stack([_tensors(100 * step + s)[i] for s in range(3)]).mean(0).flatten()
+                        for i in range(len(SHAPES))]) for step in range(steps)]
+    one_step_error = max(float((round_[0] - mean).abs().max()) for round_, mean in zip(flat, means))
+    assert 0 < one_step_error < (0.002 if codec == "fp16" else 0.2)
+    delivered = sum(round_[0] for round_ in flat)
+    assert float(residuals.abs().max()) > 0
+    torch.testing.assert_close(delivered + residuals, sum(means), rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_sends_in_another_codec_is_left_out_and_named():
+    history, outcomes, _ = asyncio.run(_compressed_rounds(["8bit", "8bit", "fp16"], steps=1))
+    assert all(isinstance(outcome, PartialAllReduce) for outcome in outcomes[:2]), outcomes
+    for seed, local in enumerate(history[0][:2]):
+        for got, original in zip(local, _tensors(seed)):
+            assert torch.equal(got, original)

@@ -14,6 +14,7 @@ import torch
 
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent
 from hetswarm.client.training.neighbour_streams import _SEND_TRIES, NeighbourStreams, StreamPlan
+from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.p2p_nodes import connected_p2ps
 
 SHAPE = (2, 8, 16)  # (micro_batch_size, seq_len, d_model)
@@ -22,7 +23,7 @@ NAMESPACE = "links-test_stage"
 
 class Fault(enum.Enum):
     WRONG_SHAPE = "shape"
-    WRONG_DTYPE = "dtype"
+    WRONG_CODEC = "codec"
     WRONG_VERSION = "assignment version"
     STEP_TOO_FAR_AHEAD = "step 2"
     WRONG_PIPELINE = "pipeline"
@@ -31,7 +32,7 @@ class Fault(enum.Enum):
 
 
 def _plan(**changes) -> StreamPlan:
-    plan = StreamPlan(assignment_version=3, pipeline=1, micro_batches=2, shape=SHAPE, dtype=torch.float32,
+    plan = StreamPlan(assignment_version=3, pipeline=1, micro_batches=2, shape=SHAPE, wire=WireFormat.uniform("fp32"),
                     previous=None, next=None)
     return dataclasses.replace(plan, **changes)
 
@@ -44,7 +45,7 @@ async def _refuse_then_accept(fault: Fault) -> str:
         await receiver.attach()
         neighbour_plan = _plan(next=receiver_p2p.peer_id)
         faulty_plan = {
-            Fault.WRONG_DTYPE: dataclasses.replace(neighbour_plan, dtype=torch.float16),
+            Fault.WRONG_CODEC: dataclasses.replace(neighbour_plan, wire=WireFormat.uniform("8bit")),
             Fault.WRONG_VERSION: dataclasses.replace(neighbour_plan, assignment_version=2),
             Fault.WRONG_PIPELINE: dataclasses.replace(neighbour_plan, pipeline=0),
         }.get(fault, neighbour_plan)

@@ -29,9 +29,9 @@ def _detach(tensor: torch.Tensor, kind: str, micro_batch: int) -> torch.Tensor:
 
 def _over_the_wire(tensor: torch.Tensor, kind: str, micro_batch: int) -> torch.Tensor:
     """What a neighbour receives: the tensor framed, serialized by hivemind and checked."""
-    header = FrameHeader.for_tensor(tensor, kind=kind, assignment_version=1, step=0, micro_batch=micro_batch,
-                                    pipeline=0)
-    expected = Expectation(kind=kind, assignment_version=1, shape=tuple(tensor.shape), dtype=tensor.dtype)
+    header = FrameHeader.for_tensor(tensor, kind=kind, codec="fp32", assignment_version=1, step=0,
+                                    micro_batch=micro_batch, pipeline=0)
+    expected = Expectation(kind=kind, assignment_version=1, shape=tuple(tensor.shape), codec="fp32")
     return decode_frame(encode_frame(header, tensor), expected=expected)[1]
 
 

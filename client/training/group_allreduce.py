@@ -11,7 +11,12 @@ finished its own backward pass (as ``DecentralizedAverager.rpc_aggregate_part`` 
 Every member must end with the very same bits, or replicas drift apart by rounding (a replica's state hash would
 then never match its partner's). hivemind's runner hands each sender ``average - part`` and the sender adds it
 back, which is not bit-exact; ``ExactAllReduceRunner`` sends the reducer's average itself, for remote and local
-parts alike, so every member copies identical values (it overrides two methods of hivemind 1.1.12's runner).
+parts alike, so every member copies identical values (it overrides three methods of hivemind 1.1.12's runner).
+
+Parts travel in the plan's all-reduce codec (protocol/codecs.py) both ways. A reducer encodes each average once and
+every member, the reducer included, uses the decoded values, so replicas stay bit-identical. When the codec loses
+precision, each member keeps what its parts lost and each reducer what its averages lost, and adds it to the next
+step's (client/training/error_feedback.py).
 
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
@@ -26,15 +31,23 @@ from typing import AsyncIterator  # ServicerBase recognises streams by typing.As
 
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, GroupID
-from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, BannedException, TensorPartReducer
-from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.averaging.partition import (
+    DEFAULT_PART_SIZE_BYTES,
+    AllreduceException,
+    BannedException,
+    TensorPartReducer,
+)
+from hivemind.compression import CompressionBase, CompressionInfo
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
-from hivemind.proto import averaging_pb2
-from hivemind.utils.asyncio import achain, aenumerate, as_aiter
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils.asyncio import achain, aenumerate, aiter_with_timeout, as_aiter
 
+from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.robust_aggregation import centered_clip
+from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
 from hetswarm.protocol.records import Aggregation
+from hetswarm.protocol.wire_format import BYTES_PER_VALUE, Codec
 
 __all__ = ["ExactAllReduceRunner", "GroupRouter", "StageGroup"]
 
@@ -138,6 +151,27 @@ class _RobustReducer(TensorPartReducer):
             self.accumulator = _Kept(self._aggregate)
 
 
+class _RecordingCompression(CompressionBase):
+    """A member's compression of the parts it sends: keeps, in `errors`, what each part lost on the way."""
+
+    def __init__(self, base: CompressionBase, errors: Sequence[torch.Tensor]) -> None:
+        self.base, self.errors = base, errors
+        self.compression_type = base.compression_type
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
+        serialized = self.base.compress(tensor, info)
+        start = info.part_index * info.part_size  # parts are consecutive slices of flattened tensor `info.key`
+        self.errors[info.key].view(-1)[start:start + tensor.numel()] = (
+            tensor.reshape(-1) - self.base.extract(serialized).reshape(-1))
+        return serialized
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        return self.base.extract(serialized_tensor)
+
+    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
+        return self.base.estimate_compression_ratio(info)
+
+
 class ExactAllReduceRunner(AllReduceRunner):
     """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors.
 
@@ -150,9 +184,17 @@ class ExactAllReduceRunner(AllReduceRunner):
     With ``aggregation="centered_clip"`` each reducer aggregates its parts with CenteredClip rather than the mean
     (client/training/robust_aggregation.py): for open swarms, where a member may send values within those bounds
     that are still wrong.
+
+    Parts come and go in ``codec``; a part in another compression bans its sender. Each average is encoded once,
+    plus its residual from the last step when ``feedback`` is given, and the decoded values are what this member
+    keeps too.
     """
 
-    def __init__(self, *args, aggregation: Aggregation = "mean", **kwargs) -> None:
+    def __init__(self, *args, aggregation: Aggregation = "mean", codec: Codec = "fp32",
+                 feedback: ErrorFeedback | None = None, **kwargs) -> None:
+        self.codec, self.feedback = codec, feedback
+        self.wire_compression = allreduce_compression(codec)
+        self._outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
         super().__init__(*args, **kwargs)
         if aggregation == "centered_clip":
             reducer = self.tensor_part_reducer
@@ -165,6 +207,18 @@ class ExactAllReduceRunner(AllReduceRunner):
             self._mean_norm = sum(self._local_norms) / max(len(self._local_norms), 1)
         return MAX_PART_NORM_RATIO * max(self._local_norms[part_index], self._mean_norm, 1e-12)
 
+    def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
+        """The average of part `part_index` as sent to every member, and as every member decodes it."""
+        if part_index not in self._outgoing:
+            key = ("reduced", part_index)
+            value = averaged if self.feedback is None else averaged + self.feedback.residual(key, averaged)
+            serialized = self.wire_compression.compress(value, CompressionInfo.from_tensor(value))
+            decoded = self.wire_compression.extract(serialized)
+            if self.feedback is not None:
+                self.feedback.record(key, value - decoded)
+            self._outgoing[part_index] = serialized, decoded
+        return self._outgoing[part_index]
+
     def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
         if not torch.isfinite(part).all():
             return "NaN or infinite values"
@@ -174,19 +228,48 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
-            return await super()._communicate_with_peer(peer_id)
+            return await self._communicate_with_reducer(peer_id)
         peer_index, sender_index = self.ordered_peer_ids.index(peer_id), self.sender_peer_ids.index(peer_id)
         for part_index, tensor_part in enumerate(self.parts_for_local_averaging):
             averaged_part = await self.tensor_part_reducer.accumulate_part(
                 sender_index, part_index, tensor_part, weight=self.weight)
-            self.tensor_part_container.register_processed_part(peer_index, part_index, averaged_part.clone())
+            decoded = self._outgoing_part(part_index, averaged_part)[1]
+            self.tensor_part_container.register_processed_part(peer_index, part_index, decoded.clone())
+
+    async def _communicate_with_reducer(self, peer_id: PeerID) -> None:
+        """hivemind's exchange with a remote reducer (every member reduces a share here, so none delays its
+        results), with the averages decoded by protocol/codecs.py rather than hivemind's 8-bit decoder."""
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        try:
+            stream = await self._get_peer_stub(peer_id).rpc_aggregate_part(self._generate_input_for_peer(peer_index))
+            part_index = 0
+            async for message in aiter_with_timeout(stream, self.reducer_timeout):
+                if message.code != averaging_pb2.AVERAGED_PART:
+                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
+                averaged = await asyncio.to_thread(decode_tensor, message.tensor_part)
+                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+                part_index += 1
+            if part_index != self.tensor_part_container.num_parts_by_peer[peer_index]:
+                raise AllreduceException(f"peer {peer_id} sent {part_index} parts, but we expected "
+                                         f"{self.tensor_part_container.num_parts_by_peer[peer_index]}")
+        except BaseException as e:
+            if isinstance(e, Exception):
+                logger.debug(f"Caught {e!r} when communicating to {peer_id}", exc_info=True)
+            self.tensor_part_container.register_failed_reducer(peer_index)
+            raise
 
     async def _accumulate_parts_streaming(self, stream: AsyncIterator[averaging_pb2.AveragingData],
                                           sender_index: int):
         part_index = 0
         try:
             async for message in stream:
-                tensor_part = deserialize_torch_tensor(message.tensor_part)
+                if message.tensor_part.compression != self.wire_compression.compression_type:
+                    name = runtime_pb2.CompressionType.Name
+                    logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part compressed as "
+                                   f"{name(message.tensor_part.compression)}, the plan's {self.codec} is "
+                                   f"{name(self.wire_compression.compression_type)}; leaving it out of the round")
+                    break
+                tensor_part = decode_tensor(message.tensor_part)
                 if (refusal := self._refusal(tensor_part, part_index)) is not None:
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with {refusal}; "
                                    f"leaving it out of the round")
@@ -199,7 +282,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                     break  # sender was banned, we no longer need to aggregate it
                 yield averaging_pb2.AveragingData(
                     code=averaging_pb2.AVERAGED_PART,
-                    tensor_part=serialize_torch_tensor(averaged_part, message.tensor_part.compression))
+                    tensor_part=self._outgoing_part(part_index - 1, averaged_part)[0])
         finally:
             if part_index != self.tensor_part_reducer.num_parts:
                 await self._ban_sender(self.sender_peer_ids[sender_index])
@@ -210,7 +293,7 @@ class StageGroup:
 
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
-        reducer_timeout_s: float, aggregation: Aggregation = "mean",
+        reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
     ) -> None:
         """
         Args:
@@ -220,6 +303,7 @@ class StageGroup:
             sender_timeout_s: how long a member may be late with its parts before it is left out; covers the
                 spread between the members' backward passes. Must be below ``reducer_timeout_s``.
             aggregation: how a reducer combines the members' versions of a part (ExactAllReduceRunner).
+            codec: how parts travel (protocol/wire_format.py); a lossy one carries error feedback across steps.
         """
         if p2p.peer_id not in members:
             raise ValueError(f"{p2p.peer_id} is not among the group members {list(map(str, members))}")
@@ -227,6 +311,8 @@ class StageGroup:
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
         self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
+        self.codec = codec
+        self.feedback = ErrorFeedback() if codec != "fp32" else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
         self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s)
@@ -251,14 +337,22 @@ class StageGroup:
         """
         if len(self.members) == 1:
             return
-        copies = [tensor.detach().to("cpu", copy=True) for tensor in tensors]
-        total_bytes = sum(copy.numel() * copy.element_size() for copy in copies)
+        copies = [tensor.detach().to("cpu", torch.float32, copy=True) for tensor in tensors]
+        sent_errors = [torch.zeros_like(copy) for copy in copies]
+        if self.feedback is not None:
+            self.feedback.begin(step)
+            for index, copy in enumerate(copies):
+                copy.add_(self.feedback.residual(("sent", index), copy))
+        wire_bytes = sum(copy.numel() for copy in copies) * BYTES_PER_VALUE[self.codec]
         runner = ExactAllReduceRunner(
             p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
+            codec=self.codec, feedback=self.feedback,
+            compression=(allreduce_compression(self.codec) if self.feedback is None
+                         else _RecordingCompression(allreduce_compression(self.codec), sent_errors)),
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
-            part_size_bytes=max(_MIN_PART_BYTES, min(DEFAULT_PART_SIZE_BYTES, total_bytes // (2 * len(self.members)))),
+            part_size_bytes=max(_MIN_PART_BYTES, min(DEFAULT_PART_SIZE_BYTES, wire_bytes // (2 * len(self.members)))),
         )
         round_ = await self.router.register(runner)
         try:
@@ -276,6 +370,10 @@ class StageGroup:
             raise PartialAllReduce(
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}", peers=banned)
+        if self.feedback is not None:
+            for index, error in enumerate(sent_errors):
+                self.feedback.record(("sent", index), error)
+            self.feedback.complete()
         for tensor, averaged in zip(tensors, copies):
             tensor.copy_(averaged)
 

@@ -40,6 +40,7 @@ from hivemind.utils.asyncio import as_aiter
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
 from hetswarm.protocol.limits import MAX_FRAME_BYTES
+from hetswarm.protocol.wire_format import Codec, WireFormat
 
 __all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
 
@@ -69,10 +70,13 @@ class StreamPlan:
     micro_batches: int
     shape: tuple[int, ...]
     """(micro_batch_size, seq_len, d_model): activations and their gradients have the same shape."""
-    dtype: torch.dtype
-    """The swarm's wire dtype; every peer must send the same."""
+    wire: WireFormat
+    """The plan's codecs; every peer sends and expects the same."""
     previous: PeerID | None
     next: PeerID | None
+
+    def codec(self, kind: FrameKind) -> Codec:
+        return self.wire.activations if kind == "activations" else self.wire.gradients
 
 
 class Inbox:
@@ -165,7 +169,7 @@ class ActivationServicer(ServicerBase):
     async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kind: FrameKind) -> str | None:
         """Reads and stores one frame of a neighbour; returns why it was refused, or None when it was taken."""
         expected = Expectation(kind=kind, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
-                               dtype=self.plan.dtype, pipeline=self.plan.pipeline,
+                               codec=self.plan.codec(kind), pipeline=self.plan.pipeline,
                                micro_batches=self.plan.micro_batches)
         try:
             async with asyncio.timeout(self.frame_timeout_s):
@@ -236,12 +240,13 @@ class NeighbourStreams:
 
     async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int,
                    attempt: int = 0) -> None:
-        """Activations to the next stage or gradients to the previous one, in the swarm's wire dtype."""
+        """Activations to the next stage or gradients to the previous one, in the plan's codec for them."""
         peer = self.plan.next if kind == "activations" else self.plan.previous
         if peer is None:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
-        tensor = tensor.detach().to(self.plan.dtype)
-        header = FrameHeader.for_tensor(tensor, kind=kind, assignment_version=self.plan.assignment_version,
+        tensor = tensor.detach()
+        header = FrameHeader.for_tensor(tensor, kind=kind, codec=self.plan.codec(kind),
+                                        assignment_version=self.plan.assignment_version,
                                         step=step, attempt=attempt, micro_batch=micro_batch,
                                         pipeline=self.plan.pipeline)
         await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace, timeout_s=self.frame_timeout_s,
@@ -252,7 +257,7 @@ class NeighbourStreams:
         return ActivationServicer.get_stub(self.p2p, peer, namespace=self.namespace)
 
     async def receive(self, kind: FrameKind, *, step: int, micro_batch: int, attempt: int = 0) -> torch.Tensor:
-        """The frame a neighbour sent for this step and micro-batch (a CPU tensor in the wire dtype).
+        """The frame a neighbour sent for this step and micro-batch (a CPU tensor, decoded from the plan's codec).
 
         Raises:
             NeighbourSilent: it did not arrive within the frame timeout.

@@ -54,8 +54,6 @@ class StageConfig:
 
     lr: float = 1e-3
     weight_decay: float = 0.1
-    wire_dtype: torch.dtype = torch.float32
-    """dtype of activations and their gradients on the wire; bf16 halves the bytes, fp32 keeps exactness."""
     frame_timeout_s: float = 60.0
     """Deadline for a neighbour's frame, counted from when the worker starts waiting for it."""
     sender_timeout_s: float = 30.0
@@ -73,8 +71,6 @@ class StageConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.weight_decay < 0:
             raise ConfigError(f"need lr > 0 and weight_decay >= 0, got {self.lr} and {self.weight_decay}")
-        if self.wire_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ConfigError(f"wire_dtype must be float32, bfloat16 or float16, got {self.wire_dtype}")
         if not 0 < self.sender_timeout_s < self.reducer_timeout_s:
             raise ConfigError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {self.sender_timeout_s} "
                              f"and {self.reducer_timeout_s}")
@@ -317,8 +313,9 @@ async def start_stage(
 
     neighbours = [my_pipeline[s] if 0 <= s < assignment.d_pp else None for s in (role.stage - 1, role.stage + 1)]
     previous, following = (PeerID.from_base58(peer) if peer else None for peer in neighbours)
+    wire = assignment.wire_format()
     plan = StreamPlan(assignment_version=assignment.version, pipeline=role.replica,
-                    micro_batches=assignment.micro_batches, dtype=config.wire_dtype, previous=previous, next=following,
+                    micro_batches=assignment.micro_batches, wire=wire, previous=previous, next=following,
                     shape=(sequences_per_micro_batch(model_config, assignment.d_dp), model_config.seq_len,
                            model_config.d_model))
     streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s)
@@ -326,7 +323,7 @@ async def start_stage(
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage),
                        round_tag=f"{swarm}/v{assignment.version}/stage{role.stage}",
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
-                       aggregation=assignment.aggregation)
+                       aggregation=assignment.aggregation, codec=wire.allreduce)
 
     everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
     board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version))

@@ -28,7 +28,7 @@ import collections
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -115,9 +115,6 @@ class TrainerConfig:
 _RETRY_PAUSE_S = 0.5
 """Pause after a failed step, so that a refusal (a neighbour still switching plans) does not spin."""
 
-_WIRE_DTYPES = {2: torch.float16, 4: torch.float32}
-"""Activation bytes per value in the model config → the dtype sent, so the cost model prices what is sent.
-(float16 rather than bfloat16: hivemind serializes bfloat16 as float32 by default, docs/hivemind.md.)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -241,11 +238,9 @@ class Trainer:
         await self._wait_for_peers(assignment, role)
         logger.debug(f"Peers on version {assignment.version} after {asyncio.get_running_loop().time() - started:.1f} s")
         state = await self._state_for(assignment, role)
-        wire_bytes = assignment.model_config().activation_bytes_per_value
-        stage_config = replace(self.config.stage, wire_dtype=_WIRE_DTYPES.get(wire_bytes, torch.float32))
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_worker.py)
             assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
-            data=self.data, seed=self.seed, config=stage_config)
+            data=self.data, seed=self.seed, config=self.config.stage)
         if state is not None:
             state.apply(worker.module, worker.optimizer)
         self.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,

@@ -24,6 +24,7 @@ from hetswarm.protocol.keys import dht_key
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
 from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
 from hetswarm.protocol.signing import make_validators
+from hetswarm.protocol.wire_format import CODECS, Codec
 
 SWARM = "fuzz"
 SHAPE = (2, 4, 8)
@@ -97,13 +98,10 @@ def check_record(value, private_key: RSAPrivateKey, *, raw_value: bytes | None =
 
 # ---- frames -------------------------------------------------------------------------------------------------
 
-EXPECTED = Expectation(kind="activations", assignment_version=3, shape=SHAPE, dtype=torch.float32, micro_batches=4)
-
-
-def valid_frame() -> list[runtime_pb2.ExpertRequest]:
+def valid_frame(codec: Codec = "fp32") -> list[runtime_pb2.ExpertRequest]:
     tensor = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
-    header = FrameHeader.for_tensor(tensor, kind="activations", assignment_version=3, step=1, micro_batch=0,
-                                    pipeline=0)
+    header = FrameHeader.for_tensor(tensor, kind="activations", codec=codec, assignment_version=3, step=1,
+                                    micro_batch=0, pipeline=0)
     return encode_frame(header, tensor, part_size_bytes=64)
 
 
@@ -116,17 +114,20 @@ def _flip(data: bytes, index: int, byte: int) -> bytes:
 
 @st.composite
 def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
-    """Valid frames with bytes flipped, parts dropped or duplicated, and headers or tensor fields replaced."""
-    messages = [runtime_pb2.ExpertRequest.FromString(m.SerializeToString()) for m in valid_frame()]
+    """Valid frames in any codec with bytes flipped, parts dropped or duplicated, and headers or tensor fields
+    replaced."""
+    codec = draw(st.sampled_from(CODECS))
+    messages = [runtime_pb2.ExpertRequest.FromString(m.SerializeToString()) for m in valid_frame(codec)]
     for _ in range(draw(st.integers(1, 4))):
         index = draw(st.integers(0, len(messages) - 1))
         message = messages[index]
-        match draw(st.sampled_from(["metadata", "header", "buffer", "size", "dtype", "chunks", "drop", "repeat"])):
+        match draw(st.sampled_from(["metadata", "header", "buffer", "size", "dtype", "compression", "chunks", "drop",
+                                    "repeat"])):
             case "metadata":
                 message.metadata = draw(st.binary(max_size=300))
             case "header":
-                header = json.loads(valid_frame()[0].metadata)
-                header[draw(st.sampled_from(["step", "shape", "dtype", "kind", "micro_batch", "x"]))] = draw(values)
+                header = json.loads(valid_frame(codec)[0].metadata)
+                header[draw(st.sampled_from(["step", "shape", "codec", "kind", "micro_batch", "x"]))] = draw(values)
                 messages[0].metadata = json.dumps(header, allow_nan=True, default=str).encode()
             case "buffer" if message.tensors:
                 tensor = message.tensors[0]
@@ -136,6 +137,8 @@ def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
                 message.tensors[0].size.extend(draw(st.lists(st.integers(0, 10**6), max_size=4)))
             case "dtype" if message.tensors:
                 message.tensors[0].dtype = draw(st.sampled_from(["float32", "bfloat16", "int64", "bool", "", "nope"]))
+            case "compression" if message.tensors:
+                message.tensors[0].compression = draw(st.sampled_from(runtime_pb2.CompressionType.values()))
             case "chunks" if message.tensors:
                 message.tensors[0].chunks = draw(st.integers(0, 2**31 - 1))
             case "drop" if len(messages) > 1:
@@ -146,10 +149,16 @@ def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
 
 
 def check_frame(messages: list[runtime_pb2.ExpertRequest]) -> bool:
-    """True if the decoder took the frame, False if it refused it; any other exception propagates."""
-    try:
-        _, tensor = decode_frame(messages, expected=EXPECTED)
-    except FrameError:
-        return False
-    assert tuple(tensor.shape) == SHAPE and bool(torch.isfinite(tensor).all()) and not math.isnan(tensor.sum())
-    return True
+    """True if a receiver expecting some codec took the frame, False if all refused it; any other exception
+    propagates."""
+    taken = False
+    for codec in CODECS:
+        expected = Expectation(kind="activations", assignment_version=3, shape=SHAPE, codec=codec, micro_batches=4)
+        try:
+            header, tensor = decode_frame(messages, expected=expected)
+        except FrameError:
+            continue
+        assert header.codec == codec and tuple(tensor.shape) == SHAPE and bool(torch.isfinite(tensor).all())
+        assert not math.isnan(tensor.sum())
+        taken = True
+    return taken

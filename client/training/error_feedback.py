@@ -1,0 +1,53 @@
+"""Error feedback: what compression cut from one step's gradient is added to the next step's, so it is delayed, not lost.
+
+With e_t the residual carried into step t and C the codec's round trip (protocol/codecs.py),
+
+    sent_t = C(g_t + e_t),    e_(t+1) = g_t + e_t − sent_t,
+
+so that Σ_t sent_t = Σ_t g_t − e_(T+1): over a run, what was sent sums to what was computed but for the last
+residual (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"). An all-reduce
+compresses twice, a member's parts on their way to the reducers and each reducer's average on its way back, and each
+side keeps its own residual (Tang et al. 2019, "DoubleSqueeze").
+
+A step can be tried more than once (client/training/step_commit.py). A retry must start from the residuals the
+step's first try started from, so a round's residuals are kept aside and take effect only when a later step
+begins, which means the step they were made for was committed.
+"""
+from collections.abc import Hashable
+
+import torch
+
+__all__ = ["ErrorFeedback"]
+
+
+class ErrorFeedback:
+    """The residuals of one stage group member, by key (a tensor it sends, a part it reduces)."""
+
+    def __init__(self) -> None:
+        self._carried: dict[Hashable, torch.Tensor] = {}
+        self._made: dict[Hashable, torch.Tensor] = {}
+        self._made_for: int | None = None
+        """The step `_made` belongs to, once its round completed."""
+        self._step: int | None = None
+
+    def begin(self, step: int) -> None:
+        """Starts a round of `step`: a later step than the last completed round's carries that round's residuals
+        on; a retry of it starts again from what it started from; an earlier step (a roll-back) starts from none."""
+        if self._made_for is not None and step > self._made_for:
+            self._carried = self._made
+        elif self._step is not None and step < self._step:
+            self._carried = {}
+        self._made, self._made_for, self._step = {}, None, step
+
+    def residual(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
+        """The residual carried into this round for `key`: zeros when there is none (a first step, a new plan)."""
+        carried = self._carried.get(key)
+        return carried if carried is not None and carried.shape == like.shape else torch.zeros_like(like)
+
+    def record(self, key: Hashable, residual: torch.Tensor) -> None:
+        """The residual this round made for `key`: what it meant to send minus what the receiver decodes."""
+        self._made[key] = residual
+
+    def complete(self) -> None:
+        """The round succeeded: its residuals are carried on if its step is committed (`begin` of a later step)."""
+        self._made_for = self._step

@@ -1,0 +1,95 @@
+"""Each wire codec keeps its documented error bound (protocol/codecs.py), and error feedback loses nothing over a run
+(client/training/error_feedback.py)."""
+import math
+
+import pytest
+import torch
+
+from hetswarm.client.training.error_feedback import ErrorFeedback
+from hetswarm.protocol.codecs import encode_tensor, round_trip, wire_bytes
+from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.wire_format import WireFormat, candidate_wires
+
+
+def _samples() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    normal = torch.randn(4096, generator=generator)
+    heavy = torch.distributions.StudentT(2.0).sample((4096,))  # outliers, as activations have
+    return {"normal": normal * 3 + 1, "heavy-tailed": heavy, "tiny": normal * 1e-6, "shifted": normal + 100,
+            "activations": torch.randn(2, 64, 64, generator=generator)}
+
+
+@pytest.mark.parametrize("name", list(_samples()))
+def test_fp32_is_exact_and_fp16_within_its_relative_bound(name):
+    x = _samples()[name]
+    assert torch.equal(round_trip(x, "fp32"), x)
+    normal = x.abs() >= 2**-14
+    error = (round_trip(x, "fp16") - x).abs()
+    assert (error[normal] <= 2**-11 * x.abs()[normal]).all()
+
+
+@pytest.mark.parametrize("name", list(_samples()))
+def test_8bit_is_within_one_bucket_inside_the_inner_buckets_and_in_range_beyond(name):
+    x = _samples()[name]
+    decoded = round_trip(x, "8bit")
+    mean, sigma = float(x.mean()), float(x.std())
+    inside = (x - mean).abs() <= 2.95 * sigma
+    bucket = 6 * sigma / 256
+    assert float((decoded - x)[inside].abs().max()) <= bucket * (1 + 1e-4)
+    assert float(decoded.min()) >= float(x.min()) and float(decoded.max()) <= float(x.max())  # outliers: a bucket mean
+    assert len(encode_tensor(x, "8bit").buffer) == wire_bytes("8bit", x.numel()) == x.numel() + 8 + 1024
+
+
+@pytest.mark.parametrize("x", [torch.full((100,), 0.25), torch.zeros(7), torch.tensor([3.5])],
+                         ids=["constant", "zeros", "single"])
+def test_8bit_sends_a_tensor_without_spread_exactly(x):
+    assert torch.equal(round_trip(x, "8bit"), x)
+
+
+@pytest.mark.parametrize("codec", ["fp16", "8bit"])
+def test_error_feedback_sends_everything_but_the_last_residual(codec):
+    """Σ sent_t + e_T = Σ g_t: the residual carried is exactly the error made, so nothing is lost over a run."""
+    generator = torch.Generator().manual_seed(1)
+    feedback, key = ErrorFeedback(), ("sent", 0)
+    computed, sent = torch.zeros(1000, dtype=torch.float64), torch.zeros(1000, dtype=torch.float64)
+    for step in range(50):
+        gradient = torch.randn(1000, generator=generator) * 1e-3 + 2e-4  # a small bias the codec could lose
+        feedback.begin(step)
+        value = gradient + feedback.residual(key, gradient)
+        decoded = round_trip(value, codec)
+        feedback.record(key, value - decoded)
+        feedback.complete()
+        assert torch.equal(feedback._made[key], value - decoded)  # the residual is the error made
+        computed += gradient.double()
+        sent += decoded.double()
+    feedback.begin(50)
+    residual = feedback.residual(key, gradient).double()
+    torch.testing.assert_close(sent + residual, computed, rtol=0, atol=1e-6)
+    assert float(residual.abs().max()) < float(computed.abs().max()) / 10  # bounded by one step's error
+
+
+def test_error_feedback_retries_from_what_the_step_started_with():
+    feedback, key, like = ErrorFeedback(), "k", torch.zeros(3)
+    feedback.begin(0)
+    feedback.record(key, torch.ones(3))
+    feedback.complete()
+    feedback.begin(1)  # step 0 committed: its residual is carried into step 1
+    assert torch.equal(feedback.residual(key, like), torch.ones(3))
+    feedback.record(key, torch.full((3,), 2.0))
+    feedback.complete()
+    feedback.begin(1)  # step 1 is tried again: it starts again from step 0's residual
+    assert torch.equal(feedback.residual(key, like), torch.ones(3))
+    feedback.record(key, torch.full((3,), 5.0))  # this try fails before completing
+    feedback.begin(1)
+    assert torch.equal(feedback.residual(key, like), torch.ones(3))
+    feedback.begin(0)  # rolled back: residuals of a later trajectory are not carried
+    assert torch.equal(feedback.residual(key, like), like)
+
+
+def test_policies_choose_their_wires():
+    model = get_model_config("tiny")
+    assert candidate_wires("model", model) == [WireFormat(activations="fp16", gradients="fp16", allreduce="fp32")]
+    assert candidate_wires("none", model) == [WireFormat.uniform("fp32")]
+    assert [w.allreduce for w in candidate_wires("auto", model)] == ["fp32", "fp16", "8bit"]
+    assert math.isclose(WireFormat(activations="fp16", gradients="8bit", allreduce="8bit").pipeline_bytes_per_value,
+                        1.5)
