@@ -149,6 +149,7 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         handoff=handoff,
         checkpoints=checkpoints,
         aggregation=aggregation,
+        wire=proposal.wire,
     )
 
 

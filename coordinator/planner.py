@@ -3,7 +3,9 @@
 A proposal places D_DP × D_PP of the trainable peers (the rest stay standbys) with the scheduler, or with a
 baseline placement when the operator asks for one to compare, and prices the result with the live cost model.
 Degrees left to `auto` are chosen among the shapes the peers' memory allows (D_PP up to the model's layer count,
-D_DP as many pipelines as the peers fill), by the live model's predicted step time.
+D_DP as many pipelines as the peers fill), by the live model's predicted step time. So is the wire under the `auto`
+compression policy (protocol/wire_format.py): the search places peers for the lightest wire, and the plan takes the
+least lossy wire predicted within AUTO_TOLERANCE of the fastest on that placement.
 
 The replanner publishes a new version when the set of trainable peers changed and then stayed put for the debounce
 time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
@@ -40,6 +42,13 @@ from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment, PeerRecord
 from hetswarm.protocol.units import BYTES_PER_GIB
+from hetswarm.protocol.wire_format import (
+    AUTO_TOLERANCE,
+    COMPRESSION_POLICIES,
+    CompressionPolicy,
+    WireFormat,
+    candidate_wires,
+)
 
 __all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "propose"]
 
@@ -58,6 +67,8 @@ class PlannerConfig:
     placement: Placement = "scheduled"
     """`random` (one seeded random grid) and `default` (peer-id order) broadcast a baseline instead of the search's
     plan, so that the measured step times of the three can be compared."""
+    compression: CompressionPolicy = "model"
+    """Which codecs the plan's transfers use (protocol/wire_format.py)."""
     search: SearchConfig = SearchConfig()
     min_peers: int = 1
     """The first plan waits for this many trainable peers; later ones follow membership while a plan fits."""
@@ -87,6 +98,8 @@ class PlannerConfig:
             raise ConfigError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
         if self.placement not in ("scheduled", "random", "default"):
             raise ConfigError(f"placement must be scheduled, random or default, got {self.placement!r}")
+        if self.compression not in COMPRESSION_POLICIES:
+            raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
         if (self.min_peers < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
                 or not 0 <= self.improvement < 1):
             raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
@@ -103,6 +116,7 @@ class Proposal:
     plan: Plan
     live: LiveBreakdown
     model: ModelConfig
+    wire: WireFormat
     standbys: tuple[str, ...] = ()
 
     @property
@@ -123,6 +137,7 @@ class Proposal:
             "standbys": list(self.standbys),
             "predicted_step_s": self.live.total_s,
             "breakdown": self.live.to_dict(),
+            "wire": self.wire.dict(),
         }
 
 
@@ -145,12 +160,13 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
         chosen = sorted(fits, key=lambda p: (p not in prefer, -tflops[p], p))[: d_dp * d_pp]
         placed = view.subset(sorted(chosen))
         search = replace(config.search, time_budget_s=budget)
-        plan = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search)
-        live = predict_step_s(plan, config.model, tflops=placed.tflops, memory_gib=placed.memory_gib)
-        logger.debug(f"shape {d_dp}×{d_pp}: predicted {live.total_s:.3f} s")
-        if best is None or live.total_s < best.live.total_s:
-            standbys = tuple(p for p in view.peer_ids if p not in chosen)
-            best = Proposal(view=placed, plan=plan, live=live, model=config.model, standbys=standbys)
+        wires = candidate_wires(config.compression, config.model)
+        grid = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search,
+                      wire=wires[-1]).grid
+        proposal = _least_lossy(placed, grid, config.model, wires)
+        logger.debug(f"shape {d_dp}×{d_pp}: predicted {proposal.live.total_s:.3f} s with {proposal.wire.describe()}")
+        if best is None or proposal.live.total_s < best.live.total_s:
+            best = replace(proposal, standbys=tuple(p for p in view.peer_ids if p not in chosen))
     if not shapes:
         refusals.append(f"D_DP={config.d_dp or 'auto'} × D_PP={config.d_pp or 'auto'} needs more peers")
     if best is None:
@@ -158,18 +174,30 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     return best
 
 
+def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wire: WireFormat) -> Proposal:
+    """The proposal that deploys `grid` on the peers of `placed` with `wire`, priced by both models."""
+    d_pp, d_dp = grid.shape
+    paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire), d_dp=d_dp,
+                           d_pp=d_pp)
+    plan = cost_plan(paper, grid)
+    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+    return Proposal(view=placed, plan=plan, live=live, model=model, wire=wire)
+
+
+def _least_lossy(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wires: list[WireFormat]) -> Proposal:
+    """Of `wires` (least lossy first), the first whose predicted step is within AUTO_TOLERANCE of the fastest."""
+    priced = [_priced(placed, grid, model, wire) for wire in wires]
+    fastest = min(proposal.live.total_s for proposal in priced)
+    return next(p for p in priced if p.live.total_s <= fastest * (1 + AUTO_TOLERANCE))
+
+
 def reprice(proposal: Proposal, view: SwarmView) -> Proposal:
     """The same deployment priced on a fresher view of the same peers."""
-    placed = view.subset(list(proposal.view.peer_ids))
-    d_pp, d_dp = proposal.plan.grid.shape
-    paper = PaperCostModel(placed.network, Payloads.from_model(proposal.model, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp,
-                           d_pp=d_pp)
-    plan = cost_plan(paper, proposal.plan.grid)
-    live = predict_step_s(plan, proposal.model, tflops=placed.tflops, memory_gib=placed.memory_gib)
-    return replace(proposal, view=placed, plan=plan, live=live)
+    repriced = _priced(view.subset(list(proposal.view.peer_ids)), proposal.plan.grid, proposal.model, proposal.wire)
+    return replace(repriced, standbys=proposal.standbys)
 
 
-def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig) -> Proposal:
+def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wire: WireFormat) -> Proposal:
     """The proposal that deploys given pipelines (pipeline r: the peer of each stage) as they are, priced on `view`;
     the view's other peers are its standbys. How a coordinator takes over a plan it did not search for now.
 
@@ -183,12 +211,7 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig) ->
     placed = view.subset(placed_ids)
     index = {peer: i for i, peer in enumerate(placed_ids)}
     grid = np.array([[index[peer] for peer in chain] for chain in pipelines], dtype=np.int64).T  # (d_pp, d_dp)
-    d_pp, d_dp = grid.shape
-    paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
-    plan = cost_plan(paper, grid)
-    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib)
-    standbys = tuple(p for p in view.peer_ids if p not in index)
-    return Proposal(view=placed, plan=plan, live=live, model=model, standbys=standbys)
+    return replace(_priced(placed, grid, model, wire), standbys=tuple(p for p in view.peer_ids if p not in index))
 
 
 def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
@@ -202,8 +225,8 @@ def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
 
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,
-           search: SearchConfig) -> Plan:
-    payloads = Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp)
+           search: SearchConfig, wire: WireFormat) -> Plan:
+    payloads = Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire)
     if placement == "scheduled":
         return find_plan(view.network, payloads, d_dp=d_dp, d_pp=d_pp, config=search).plan
     paper = PaperCostModel(view.network, payloads, d_dp=d_dp, d_pp=d_pp)
@@ -325,7 +348,7 @@ class Replanner:
         placed = frozenset(in_force.roles)
         if placed <= members:
             self._in_force = None
-            proposal = deployed(build_view(records), in_force.pipelines, self.config.model)
+            proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format())
             self.current, self._considered_at, self._last_refusal = proposal, now, ""
             return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
         self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
@@ -385,15 +408,15 @@ class Replanner:
                             ) -> tuple[Proposal, str]:
         """The plan in force with its gaps filled, unless the search's plan pays for its moves (coordinator/sticky.py);
         and which peers move, and why."""
-        model = self.config.model
+        model, wire = self.config.model, searched.wire
         held = held_stages(in_force) if in_force else {}
         kept = None
         if in_force:
             kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
-                                    price=lambda pipelines: deployed(view, pipelines, model).live.total_s)
+                                    price=lambda pipelines: deployed(view, pipelines, model, wire).live.total_s)
         moves = migration(searched.pipelines, held, view, model)
         try:
-            sticky = deployed(view, kept, model) if kept is not None else None
+            sticky = deployed(view, kept, model, wire) if kept is not None else None
         except NoFeasiblePlan:
             sticky = None
         if sticky is None:

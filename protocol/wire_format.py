@@ -74,6 +74,11 @@ class WireFormat(pydantic.BaseModel):
         return (BYTES_PER_VALUE[self.activations] + BYTES_PER_VALUE[self.gradients]) / 2
 
     @property
+    def pipeline_overhead_bytes(self) -> float:
+        """Bytes a frame carries besides its values (an 8-bit codebook), as the mean of the two directions."""
+        return sum(CODEBOOK_BYTES for codec in (self.activations, self.gradients) if codec == "8bit") / 2
+
+    @property
     def allreduce_bytes_per_value(self) -> float:
         return float(BYTES_PER_VALUE[self.allreduce])
 

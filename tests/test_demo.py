@@ -63,7 +63,7 @@ def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
         demo.kill()
     assert demo.returncode == 0, output[-4000:]
     assert "Loss (scheduled plan):" in output
-    assert "Scheduled plan: measured" in output and "predicted" in output
+    assert "Scheduled plan (8bit everywhere on the wire): measured" in output and "predicted" in output
     assert f"Logs: {tmp_path}" in output
     assert f"Plot: {tmp_path / 'demo.png'}" in output  # the loss curve and step times, drawn (plots extra)
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

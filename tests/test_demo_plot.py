@@ -16,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def phase(placement: str, version: int, *, predicted: float, measured: float | None, steps: int) -> PhaseResult:
     return PhaseResult(placement=placement, version=version, predicted_step_s=predicted, breakdown={}, first_step=0,
-                       measured_step_s=measured, compute_s=0.1, wait_s=0.2,
+                       wire="8bit everywhere", measured_step_s=measured, compute_s=0.1, wait_s=0.2,
                        losses={step: 5.0 - 0.1 * step for step in range(steps)})
 
 
@@ -33,7 +33,8 @@ def test_the_plot_is_a_png_of_both_plans(tmp_path):
 
 
 def test_a_plan_without_losses_still_plots(tmp_path):
-    bare = PhaseResult(placement="default", version=1, predicted_step_s=0.5, breakdown={}, first_step=0)
+    bare = PhaseResult(placement="default", version=1, predicted_step_s=0.5, breakdown={}, first_step=0,
+                       wire="fp32 everywhere")
     assert write_demo_plot([bare], tmp_path / "demo.png").read_bytes()[:8] == PNG_MAGIC
 
 

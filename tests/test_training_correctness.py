@@ -17,26 +17,29 @@ from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
+from hetswarm.protocol.wire_format import WireFormat
 from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.training_process import TrainJob, run_training_processes
 
 SWARM = "correctness"
 TINY = get_model_config("tiny")
+FP32 = WireFormat.uniform("fp32")
+"""Exact arithmetic on the wire, so that the distributed step can equal the single-process one."""
 SEED = 7
 STEPS = 30
 D_PP, D_DP = 2, 2
 CONFIG = StageConfig(lr=3e-3, frame_timeout_s=60, sender_timeout_s=30, reducer_timeout_s=60, start_timeout_s=60)
 
 
-def _assignment(pipelines: list[list[str]], coordinator_id: str) -> Assignment:
+def _assignment(pipelines: list[list[str]], coordinator_id: str, wire: WireFormat = FP32) -> Assignment:
     return Assignment(
         coordinator_id=coordinator_id, version=1,
         model={k: v for k, v in TINY.to_dict().items() if v is not None},  # records carry no nulls
         d_pp=D_PP, d_dp=D_DP, stage_layers=[list(bounds) for bounds in TINY.stage_layers(D_PP)],
         roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
         pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=TINY.micro_batches, step=0,
-        reason="test", issued_at=0.0,
+        reason="test", issued_at=0.0, wire=wire,
     )
 
 

@@ -63,6 +63,10 @@ def coordinator(
         "--checkpoint-every-s", help="Also checkpoint at least this often (seconds, in predicted step time).")] = None,
     lost_state_wait: Annotated[float, typer.Option(help="Seconds to wait for a peer holding layers nobody else "
                                                         "holds before they restart from the seed.")] = 120.0,
+    compression: Annotated[str, typer.Option(help="Codecs of activations, their gradients and the all-reduce: "
+                                                  "model (the model's widths: fp16 activations, fp32 gradients), "
+                                                  "none (fp32), fp16, 8bit, or auto (the least lossy within 5 % of "
+                                                  "the fastest predicted step).")] = "model",
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
@@ -92,6 +96,7 @@ def coordinator(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
         search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
         measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider, payback_steps=payback_steps,
+        compression=compression,
     )
     broadcast_config = BroadcastConfig(swarm=swarm, ttl_s=ttl, interval_s=min(1.0, ttl / 4), save_plan=save_plan,
                                        state_path=state_path_for(identity_path) if identity_path else None,

@@ -12,7 +12,7 @@ from rich.live import Live
 from hetswarm.client.cli.options import VerboseOpt, configure_logging, console, err_console
 from hetswarm.client.cli.plots import plot_line
 from hetswarm.client.cli.render import render_watch, summary_lines
-from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
+from hetswarm.client.local.demo import DEMO_COMPRESSION, DemoConfig, PhaseResult, run_swarm
 from hetswarm.protocol.errors import RejectedInput
 
 _COMPARED_WITH = {"scheduled": "random", "random": "scheduled", "default": "scheduled"}
@@ -27,6 +27,9 @@ def demo(
     compare: Annotated[bool, typer.Option(help="Then train a second plan on the same clients and compare "
                                                "(random, or scheduled when --plan is not).")] = True,
     model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
+    compression: Annotated[str, typer.Option(help="The coordinator's policy for the wire: model, none, fp16, 8bit "
+                                                  "or auto (default: the winner of benchmarks/compression.py).")
+                           ] = DEMO_COMPRESSION,
     bandwidth_scale: Annotated[float, typer.Option(help="Emulated bandwidths × this, so the traffic matters.")] = 0.005,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data and the plans.")] = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="Where the logs and plans go (default: a temp folder).")] = None,
@@ -40,7 +43,7 @@ def demo(
         raise RejectedInput(f"--plan must be scheduled, random or default, got {plan!r}")
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
     config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
-                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir)
+                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression)
     try:
         _run_demo(config, console)
     except KeyboardInterrupt:

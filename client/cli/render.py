@@ -82,6 +82,9 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
     parts = ", ".join(f"{k} {v:.3f}" for k, v in assignment["breakdown"].items() if k != "step_s")
     lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
                  f"{assignment['followers']} peers follow this version")
+    if (wire := assignment.get("wire")) is not None:
+        lines.append(f"wire: {wire['activations']} activations, {wire['gradients']} activation gradients, "
+                     f"{wire['allreduce']} all-reduce")
     if (state := assignment.get("training_state")) is not None:
         lines.append(training_state_line(state))
     return Group(grid, *lines)
@@ -163,7 +166,8 @@ def render_watch(watch: DemoWatch) -> Group:
     phase = watch.phases[-1] if watch.phases else None
     header = f"[bold]{watch.status}[/bold] — {len(watch.peers)} peers, {measured}/{pairs} links measured"
     if phase is not None:
-        header += f"; plan v{phase.version} ({phase.placement}) predicted {phase.predicted_step_s:.2f} s/step"
+        header += (f"; plan v{phase.version} ({phase.placement}, {phase.wire}) predicted "
+                   f"{phase.predicted_step_s:.2f} s/step")
     table = Table()
     for column in ("client", "site", "stage·pipeline", "state", "step", "loss", "tokens/s", "compute s", "wait s"):
         table.add_column(column, justify="left" if column in ("client", "site", "state") else "right")
@@ -189,8 +193,8 @@ def summary_lines(phases: list[PhaseResult]) -> list[str]:
     for phase in phases:
         measured = "n/a" if phase.measured_step_s is None else f"{phase.measured_step_s:.2f} s"
         error = "" if phase.error is None else f" ({phase.error:+.0%} vs predicted)"
-        lines.append(f"{phase.placement.capitalize()} plan: measured {measured}/step, predicted "
-                     f"{phase.predicted_step_s:.2f} s/step{error}; compute {phase.compute_s or 0:.2f} s, "
+        lines.append(f"{phase.placement.capitalize()} plan ({phase.wire} on the wire): measured {measured}/step, "
+                     f"predicted {phase.predicted_step_s:.2f} s/step{error}; compute {phase.compute_s or 0:.2f} s, "
                      f"waiting {phase.wait_s or 0:.2f} s per step")
     if len(phases) > 1 and all(p.measured_step_s for p in phases):
         for other in phases[1:]:

@@ -33,11 +33,14 @@ from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+from hetswarm.protocol.wire_format import COMPRESSION_POLICIES
 
 __all__ = ["DemoConfig", "DemoWatch", "PhaseResult", "REGIONS", "run_swarm"]
 
 logger = logging.getLogger(__name__)
 
+DEMO_COMPRESSION = "8bit"
+"""The policy that won benchmarks/compression.py on the demo's swarm (benchmarks/RESULTS.md)."""
 REGIONS = ("Oregon", "Tokyo", "Frankfurt", "Seoul", "Virginia", "London", "Ohio", "Ireland")
 """World-wide scenario regions, in the order clients fill them."""
 _POLL_S = 0.5
@@ -70,6 +73,8 @@ class DemoConfig:
     """For the clients to come up and measure every link, and for each plan to reach its first step."""
     step_timeout_s: float = 60.0
     """Most seconds any one step may take before the run is given up."""
+    compression: str = DEMO_COMPRESSION
+    """The coordinator's --compression policy (protocol/wire_format.py)."""
 
     def __post_init__(self) -> None:
         if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
@@ -84,6 +89,8 @@ class DemoConfig:
         for placement in self.placements:
             if placement not in ("scheduled", "random", "default"):
                 raise ConfigError(f"placement must be scheduled, random or default, got {placement!r}")
+        if self.compression not in COMPRESSION_POLICIES:
+            raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
         if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0:
             raise ConfigError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0; got {self.steps}, "
                              f"{self.warmup_steps}, {self.bandwidth_scale}")
@@ -108,6 +115,8 @@ class PhaseResult:
     predicted_step_s: float
     breakdown: dict[str, float]
     first_step: int
+    wire: str
+    """The plan's codecs, in words (WireFormat.describe)."""
     measured_step_s: float | None = None
     compute_s: float | None = None
     wait_s: float | None = None
@@ -192,12 +201,13 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
         "--dp", str(config.dp), "--pp", str(config.pp), "--min-peers", str(n), "--plan", placement,
         "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
-        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"))
+        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression)
     await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
                 on_update)
     assignment = watch.assignment
     phase = PhaseResult(placement=placement, version=assignment.version, first_step=assignment.step,
-                        predicted_step_s=assignment.predicted_step_s, breakdown=dict(assignment.breakdown))
+                        predicted_step_s=assignment.predicted_step_s, breakdown=dict(assignment.breakdown),
+                        wire=assignment.wire_format().describe())
     watch.phases.append(phase)
     watch.status = f"{placement} run: training"
     last = assignment.step + config.warmup_steps + steps

@@ -138,6 +138,7 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         "d_pp": assignment.d_pp, "d_dp": assignment.d_dp, "stage_layers": assignment.stage_layers,
         "micro_batches": assignment.micro_batches, "model": assignment.model.get("name"),
         "predicted_step_s": assignment.predicted_step_s, "breakdown": assignment.breakdown,
+        "wire": _wire(assignment),
         "grid": [[who(chain[stage]) for chain in assignment.pipelines] for stage in range(assignment.d_pp)],
         "pipelines": [[who(peer) for peer in chain] for chain in assignment.pipelines],
         "standbys": [who(p) for p in sorted(records) if p not in assignment.roles and records[p].state != "leaving"],
@@ -145,6 +146,14 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         "followers": sum(r.assignment_version == assignment.version for r in records.values()),
         "training_state": _training_state(assignment, records, progress),
     }
+
+
+def _wire(assignment: Assignment) -> dict[str, str] | None:
+    """The plan's codecs, or None when its model config is broken (the monitor still shows the rest)."""
+    try:
+        return assignment.wire_format().dict()
+    except (TypeError, ValueError):
+        return None
 
 
 def _training_state(assignment: Assignment, records: dict[str, PeerRecord], progress: dict[str, Progress]

@@ -6,6 +6,8 @@ hetswarm.protocol and hetswarm.client.peer.
  * reference.py         - the single-process step that a distributed step must equal
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
  * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner, bit-identical results)
+ * error_feedback.py    - what a compressed all-reduce cut from a gradient, carried into the next step
+ * robust_aggregation.py - CenteredClip, the aggregation a few hostile members cannot move far
  * step_commit.py       - all-or-nothing steps: the plan-wide commit vote over (step, attempt)
  * replica_sync.py      - replicas compare state hashes and a differing one is resynchronised
  * stage_worker.py      - one stage's GPipe step, composed from the pieces above

@@ -1,0 +1,84 @@
+"""Fewer bytes on slow links: step time and loss of the demo's swarm under each compression policy.
+
+The demo's swarm (a coordinator and 8 clients, two per world-wide region, links emulated from the DT-FM world-wide
+scenario with bandwidths × 0.005; tiny model, 2 pipelines × 4 stages) trains the scheduled plan from the same seed on
+the same data once per policy of `hetswarm coordinator --compression` (protocol/wire_format.py), each on a fresh
+swarm of the same identities and sites. Measured step time: the median over peers of the step period after the
+warm-up (hetswarm.client.local.demo); predicted: the coordinator's live model, which prices the bytes of the chosen
+codecs. Loss: the mean of the last stages' losses over the last 20 steps, compared at the same step count. Writes
+the "compression" section of benchmarks/RESULTS.md.
+
+    python benchmarks/compression.py [--steps 300] [--policies model,none,fp16,8bit]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+
+from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
+
+BASELINE = "model"
+"""Today's wire before compression: fp16 activations and gradients, fp32 all-reduce (the model config's widths)."""
+LOSS_WINDOW = 20
+
+
+def _final_loss(phase: PhaseResult) -> float:
+    steps = sorted(phase.losses)[-LOSS_WINDOW:]
+    return statistics.fmean(phase.losses[step] for step in steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="measured steps per policy, after the warm-up")
+    parser.add_argument("--policies", default="model,none,fp16,8bit", help="compression policies, the baseline first")
+    parser.add_argument("--bandwidth-scale", type=float, default=0.005)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+
+    results: dict[str, PhaseResult] = {}
+    started = time.monotonic()
+    for policy in policies:
+        config = DemoConfig(placements=("scheduled",), steps=(args.steps,), compression=policy,
+                            bandwidth_scale=args.bandwidth_scale, seed=args.seed,
+                            step_timeout_s=120.0)
+        print(f"policy {policy}: training {args.steps} steps", flush=True)
+        results[policy] = run_swarm(config, on_workdir=lambda path: print(f"logs: {path}", flush=True))[0]
+        phase = results[policy]
+        print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
+              f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
+    wall_s = time.monotonic() - started
+
+    base = results[policies[0]]
+    rows = []
+    for policy, phase in results.items():
+        rows.append(f"| {policy} | {phase.wire} | {phase.measured_step_s:.3f} | {phase.predicted_step_s:.3f} | "
+                    f"{phase.error:+.0%} | {phase.compute_s:.3f} | {phase.wait_s:.3f} | "
+                    f"{base.measured_step_s / phase.measured_step_s:.2f}× | {_final_loss(phase):.4f} | "
+                    f"{_final_loss(phase) / _final_loss(base) - 1:+.1%} |")
+    last_step = max(max(phase.losses) for phase in results.values())
+    markdown = f"""## Compression: the demo's world-wide swarm under each wire policy, {args.steps} steps
+
+Command: `{command_line()}` on the project's 2-core machine, {wall_s / 60:.0f} min.
+
+8 clients (Oregon, Tokyo, Frankfurt, Seoul, two each) as separate processes on 127.0.0.1, links emulated from the
+DT-FM world-wide scenario with every bandwidth × {args.bandwidth_scale}; tiny model, 2 pipelines × 4 stages, GPipe with
+2 micro-batches, the scheduled plan. Each policy trains on a fresh swarm of the same identities, from the same seed on
+the same data, for 2 warm-up and {args.steps} measured steps. Measured: median over the peers of the step period; predicted:
+the coordinator's live model with the bytes of the chosen codecs; loss: mean of the last stages' losses over the last
+{LOSS_WINDOW} steps (up to step {last_step}). Speed-up and loss change are against `{policies[0]}`, the wire before
+compression (fp16 activations, fp32 all-reduce).
+
+| policy | wire | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | speed-up | loss | loss vs {policies[0]} |
+|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+"""
+    print(markdown)
+    write_section("compression", markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""With 8-bit activations, activation gradients and all-reduce, steps stay all-or-nothing and replicas identical.
+
+The 4-process swarm of tests/test_step_faults.py (2 stages × 2 replicas of the tiny model) trains under a plan whose
+wire is 8-bit everywhere, once without faults and once with a one-sided partial all-reduce at a chosen step: the
+round completed, so its error-feedback residuals were made, but the step is retried by the whole plan. The retry must
+start again from the residuals the step started from (client/training/error_feedback.py), so the final parameters
+of the faulty run equal the fault-free run's. The replicas' state hashes are compared every second step, and they
+must never have had to resync. Compressed training stays near the fp32 reference.
+"""
+import pytest
+import torch
+
+from hetswarm.protocol.wire_format import WireFormat
+from tests.helpers.training_process import Fault
+from tests.test_step_faults import D_PP, FAULT_STEP, STEPS, _run_swarm
+
+EIGHT_BIT = WireFormat.uniform("8bit")
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory) -> list[dict]:
+    return _run_swarm(tmp_path_factory.mktemp("8bit-fault-free"), Fault.NONE, EIGHT_BIT)
+
+
+@pytest.mark.timeout(300)
+def test_8bit_replicas_stay_identical_and_a_retried_step_equals_the_fault_free_run(tmp_path, fault_free):
+    faulty = _run_swarm(tmp_path, Fault.ONE_SIDED_PARTIAL_ALLREDUCE, EIGHT_BIT)
+    for results in (fault_free, faulty):
+        for result in results:
+            reports = result["reports"]
+            assert [report["step"] for report in reports] == list(range(STEPS)), reports
+            assert reports[-1]["resyncs"] == 0, reports[-1]  # the replica checks never found a difference
+        for stage in range(D_PP):
+            replicas = [r["final_state"] for r in results if r["stage"] == stage]
+            for name, value in replicas[0].items():
+                assert all(torch.equal(value, other[name]) for other in replicas[1:]), f"stage {stage}: {name}"
+    assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the fault step was retried
+    for result, expected in zip(faulty, fault_free):
+        for name, value in result["final_state"].items():
+            torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.timeout(300)
+def test_8bit_training_stays_near_fp32(tmp_path, fault_free):
+    exact = _run_swarm(tmp_path, Fault.NONE)
+    for result, reference in zip(fault_free, exact):
+        for name, value in result["final_state"].items():
+            moved = float((reference[name] - value).abs().max())
+            assert moved < 2e-2, f"{name} is {moved:.2g} from the fp32 run's"  # AdamW's steps are ~lr = 3e-3
