@@ -49,14 +49,12 @@ class Payloads:
 
     @classmethod
     def from_model(cls, model: ModelConfig, *, d_dp: int, d_pp: int, wire: WireFormat | None = None) -> Payloads:
-        """The model's payloads as `wire` sends them (protocol/wire_format.py): its bytes per value, and each
-        micro-batch's frame overhead; or at the model's own byte widths. (An all-reduce part's 8-bit codebook is
-        1 KiB in parts of up to 512 KiB, left out.)"""
+        """The model's payloads at the bytes per value `wire` sends (protocol/wire_format.py), or at the model's
+        own byte widths."""
         if wire is None:
             return cls(dp_bytes=model.dp_payload_bytes(d_pp), pp_bytes=model.pp_payload_bytes(d_dp))
-        frames = model.micro_batches * wire.pipeline_overhead_bytes
         return cls(dp_bytes=model.dp_payload_bytes(d_pp, wire.allreduce_bytes_per_value),
-                   pp_bytes=model.pp_payload_bytes(d_dp, wire.pipeline_bytes_per_value) + frames)
+                   pp_bytes=model.pp_payload_bytes(d_dp, wire.pipeline_bytes_per_value))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 from hivemind.proto import runtime_pb2
 from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
@@ -29,7 +28,7 @@ from pydantic.v1 import BaseModel, Extra, ValidationError, conint, conlist
 from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, encode_tensor, wire_bytes, wire_dtype
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.limits import FRAME_PART_BYTES, MAX_FRAME_BYTES, MAX_FRAME_HEADER_BYTES
-from hetswarm.protocol.wire_format import CODEBOOK_BYTES, Codec
+from hetswarm.protocol.wire_format import Codec
 
 __all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decode_frame", "encode_frame",
            "read_frame"]
@@ -37,10 +36,6 @@ __all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decod
 FrameKind = Literal["activations", "gradients"]
 
 _MAX_DIMS = 8
-
-
-_CODEBOOK_PREFIX = np.int64((CODEBOOK_BYTES - 8) // 4).tobytes()
-"""How an 8-bit payload starts: its codebook's length (protocol/codecs.py)."""
 
 
 class FrameError(RejectedInput):
@@ -192,10 +187,7 @@ class _FrameReader:
         if self.tensor_bytes != self._max_tensor_bytes():
             raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {codec} {self.header.shape} "
                              f"needs {self._max_tensor_bytes()}")
-        serialized = combine_from_streaming(self.parts)
-        if codec == "8bit" and serialized.buffer[:8] != _CODEBOOK_PREFIX:
-            raise FrameError("8-bit frame does not start with a codebook of 256 entries")
-        tensor = decode_tensor(serialized)
+        tensor = decode_tensor(combine_from_streaming(self.parts))
         if not torch.isfinite(tensor).all():
             bad = int((~torch.isfinite(tensor)).sum())
             raise FrameError(f"frame carries {bad} NaN or infinite values of {tensor.numel()}")

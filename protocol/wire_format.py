@@ -5,9 +5,8 @@ stages, their gradients backward, and each stage group's gradient all-reduce. Ea
 
  * ``fp32`` - as computed, no loss;
  * ``fp16`` - cast to half precision: a relative error of at most 2^-11 within fp16's range;
- * ``8bit`` - hivemind's uniform 8-bit quantization (mean ± 3 standard deviations in 256 buckets, each bucket sent
-   as the mean of its values): one byte per value and a 1 KiB codebook per message. The error of a value inside the
-   range is at most one bucket, 6σ/256; values at its edges share their edge bucket's mean (protocol/codecs.py).
+ * ``8bit`` - blockwise absmax quantization: each block of 256 values as its largest magnitude m and one int8 per
+   value, an error of at most m/254 (protocol/codecs.py); 1.016 bytes per value.
 
 The coordinator chooses the codecs with a policy (``CompressionPolicy``) and the plan carries them
 (``Assignment.wire``). Compressed gradients of the all-reduce keep their quantization error and add it to the next
@@ -22,17 +21,16 @@ import pydantic.v1 as pydantic
 
 from hetswarm.protocol.model_config import ModelConfig
 
-__all__ = ["BYTES_PER_VALUE", "CODECS", "CODEBOOK_BYTES", "COMPRESSION_POLICIES", "Codec", "CompressionPolicy",
+__all__ = ["BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES", "Codec", "CompressionPolicy",
            "WireFormat", "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit"]
 CODECS: tuple[Codec, ...] = ("fp32", "fp16", "8bit")
 """From the least to the most lossy."""
 
-BYTES_PER_VALUE: dict[Codec, int] = {"fp32": 4, "fp16": 2, "8bit": 1}
-CODEBOOK_BYTES = 8 + 256 * 4
-"""What an 8-bit message carries besides its values: the codebook's length and its 256 float32 entries
-(hivemind/compression/quantization.py)."""
+BLOCK_VALUES = 256
+"""Values per block of the 8-bit codec, each block sent with its float32 scale."""
+BYTES_PER_VALUE: dict[Codec, float] = {"fp32": 4.0, "fp16": 2.0, "8bit": 1 + 4 / BLOCK_VALUES}
 
 CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto")
@@ -63,7 +61,7 @@ class WireFormat(pydantic.BaseModel):
     @classmethod
     def of_model(cls, model: ModelConfig) -> "WireFormat":
         """What the model config's byte widths say: the wire of the `model` policy (and of older plans)."""
-        by_width = {width: codec for codec, width in BYTES_PER_VALUE.items()}
+        by_width = {int(width): codec for codec, width in BYTES_PER_VALUE.items() if codec != "8bit"}
         pipeline = by_width.get(model.activation_bytes_per_value, "fp32")
         return cls(activations=pipeline, gradients=pipeline, allreduce=by_width.get(model.grad_bytes_per_param, "fp32"))
 
@@ -74,13 +72,8 @@ class WireFormat(pydantic.BaseModel):
         return (BYTES_PER_VALUE[self.activations] + BYTES_PER_VALUE[self.gradients]) / 2
 
     @property
-    def pipeline_overhead_bytes(self) -> float:
-        """Bytes a frame carries besides its values (an 8-bit codebook), as the mean of the two directions."""
-        return sum(CODEBOOK_BYTES for codec in (self.activations, self.gradients) if codec == "8bit") / 2
-
-    @property
     def allreduce_bytes_per_value(self) -> float:
-        return float(BYTES_PER_VALUE[self.allreduce])
+        return BYTES_PER_VALUE[self.allreduce]
 
     def describe(self) -> str:
         if self.activations == self.gradients == self.allreduce:

@@ -59,7 +59,7 @@ def test_compressed_frame_carries_its_codec_bytes_and_decodes_to_the_round_trip(
     messages = _frame(tensor, codec=codec)
     sent = sum(len(part.buffer) for message in messages for part in message.tensors)
     assert sent == wire_bytes(codec, tensor.numel()) < tensor.numel() * 4
-    assert sent - tensor.numel() * width in (0, 8 + 256 * 4)  # 8-bit frames also carry their codebook
+    assert sent - tensor.numel() * width in (0, 4 * tensor.numel() // 256)  # 8-bit frames also carry block scales
     header, received = decode_frame(messages, expected=_expect(codec=codec, shape=BIG))
     assert header.codec == codec and torch.equal(received.float(), round_trip(tensor, codec))
 
@@ -168,7 +168,7 @@ def _relabelled(codec: str, as_codec: str) -> list[runtime_pb2.ExpertRequest]:
 @pytest.mark.parametrize(
     "codec, as_codec, message",
     [
-        ("8bit", "fp32", "uses UNIFORM_8BIT, its header's codec fp32 is sent as NONE"),
+        ("8bit", "fp32", "uses BLOCKWISE_8BIT, its header's codec fp32 is sent as NONE"),
         ("fp32", "8bit", r"more than 8bit \[4, 16, 64\] needs"),
         ("fp16", "fp32", r"tensor is float16 \[4, 16, 64\], its header says fp32"),
         ("fp32", "fp16", r"tensor is float32 .* header says fp16|more than fp16 .* needs"),
@@ -179,9 +179,9 @@ def test_compressed_frame_whose_header_does_not_match_its_payload_is_refused(cod
         decode_frame(_relabelled(codec, as_codec), expected=_expect(codec=as_codec, shape=BIG))
 
 
-def test_8bit_frame_with_a_forged_codebook_length_is_refused():
+def test_8bit_frame_whose_scales_are_not_finite_is_refused():
     messages = _frame(_tensor(BIG), codec="8bit")
     buffer = messages[0].tensors[0].buffer
-    messages[0].tensors[0].buffer = (255).to_bytes(8, "little") + buffer[8:]
-    with pytest.raises(FrameError, match="codebook of 256 entries"):
+    messages[0].tensors[0].buffer = b"\x00\x00\x80\x7f" + buffer[4:]  # the first block's scale: +inf
+    with pytest.raises(FrameError, match="NaN or infinite"):
         decode_frame(messages, expected=_expect(codec="8bit", shape=BIG))

@@ -138,8 +138,15 @@ class _Kept:
         return self.aggregate(self.parts)
 
 
-class _RobustReducer(TensorPartReducer):
-    """A TensorPartReducer that aggregates each part with `aggregate` (CenteredClip) instead of averaging it."""
+def exact_mean(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of the parts, the same bits whatever order they arrived in: each value's terms are summed in sorted
+    order, in float64. (hivemind's reducer adds parts as they arrive, so two runs of one round may differ in the last
+    bit, and a lossy codec can turn that bit into a whole quantization level.)"""
+    return torch.stack(parts).double().sort(dim=0).values.sum(dim=0).div(len(parts)).float()
+
+
+class _KeepingReducer(TensorPartReducer):
+    """A TensorPartReducer that keeps every sender's part and aggregates them at once with `aggregate`."""
 
     def __init__(self, part_shapes, num_senders: int, aggregate: Callable[[list[torch.Tensor]], torch.Tensor]):
         self._aggregate = aggregate  # before super().__init__, which prepares the first part
@@ -181,7 +188,8 @@ class ExactAllReduceRunner(AllReduceRunner):
     is partial and names it (``StageGroup.average``) instead of poisoning every replica's average. Replicas of one
     stage compute gradients of one model on batches of one size, so honest parts differ by far less.
 
-    With ``aggregation="centered_clip"`` each reducer aggregates its parts with CenteredClip rather than the mean
+    Each reducer keeps the members' parts and aggregates them at once: with `exact_mean`, whose bits do not depend
+    on the order the parts arrived in, or with ``aggregation="centered_clip"``, CenteredClip
     (client/training/robust_aggregation.py): for open swarms, where a member may send values within those bounds
     that are still wrong.
 
@@ -196,9 +204,9 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.wire_compression = allreduce_compression(codec)
         self._outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
         super().__init__(*args, **kwargs)
-        if aggregation == "centered_clip":
-            reducer = self.tensor_part_reducer
-            self.tensor_part_reducer = _RobustReducer(reducer.part_shapes, reducer.num_senders, centered_clip)
+        reducer = self.tensor_part_reducer
+        self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders,
+                                                   centered_clip if aggregation == "centered_clip" else exact_mean)
 
     def _part_bound(self, part_index: int) -> float:
         """The largest norm a sender's part `part_index` may have (class docstring)."""
