@@ -6,14 +6,17 @@ volunteers is not, so the live model adds what the paper leaves out:
     step_s = DataP + 2·PipeP                      communication, the paper's model on the measured matrices
            + max_s t_s                            compute of the slowest stage over the whole batch
            + (Σ_s t_s − max_s t_s) / M            GPipe's fill and drain bubble
+           + max_{i,j} α_ij / 1000                the commit vote: the last peer's vote crossing the plan
     t_s    = F_s · B / D_DP / min_{r} TFLOPS[s, r]
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
 tokens of one step over all pipelines, M the micro-batches per pipeline, and the slowest replica of a stage sets
 its time because every replica waits for the stage group's all-reduce. With M micro-batches of time t_s / M each,
 GPipe's makespan is Σ_s t_s/M + (M − 1)·max_s t_s/M (Huang et al. 2019, GPipe, Sect. 2.2), which is the last two
-lines; for equal stages the bubble is the familiar (D_PP − 1)/M of the compute. The terms are added, as the paper
-adds DataP and PipeP: no overlap of communication with compute is assumed, so the figure errs high.
+lines; for equal stages the bubble is the familiar (D_PP − 1)/M of the compute. Every peer then pushes its vote on
+the step to every other and applies the step once it has all votes (client/training/step_commit.py), so a step
+ends one latency of the plan's farthest pair after the last peer finished. The terms are added, as the paper adds
+DataP and PipeP: no overlap of communication with compute is assumed, so the figure errs high.
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
 gradients, two moments) plus the activations GPipe keeps for all M micro-batches until the backward pass,
@@ -59,15 +62,18 @@ class LiveBreakdown:
     """The slowest stage's forward and backward over its pipeline's share of the batch."""
     bubble_s: float
     """GPipe's fill and drain: the other stages' time of one micro-batch each."""
+    commit_s: float = 0.0
+    """The commit vote: the largest one-way latency between two peers of the plan."""
 
     @property
     def total_s(self) -> float:
-        return self.data_parallel_s + self.pipeline_parallel_s + self.compute_s + self.bubble_s
+        return self.data_parallel_s + self.pipeline_parallel_s + self.compute_s + self.bubble_s + self.commit_s
 
     def to_dict(self) -> dict[str, float]:
         """Plain floats (the Assignment schema is strict), with the total as `step_s`."""
         return {"data_parallel_s": float(self.data_parallel_s), "pipeline_parallel_s": float(self.pipeline_parallel_s),
-                "compute_s": float(self.compute_s), "bubble_s": float(self.bubble_s), "step_s": float(self.total_s)}
+                "compute_s": float(self.compute_s), "bubble_s": float(self.bubble_s),
+                "commit_s": float(self.commit_s), "step_s": float(self.total_s)}
 
 
 def stage_memory_bytes(model: ModelConfig, *, d_pp: int, d_dp: int) -> list[float]:
@@ -93,11 +99,14 @@ def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray) ->
     return flops / (slowest * 1e12)
 
 
-def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray) -> LiveBreakdown:
+def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
+                   latency_ms: np.ndarray | None = None) -> LiveBreakdown:
     """The live model's step time of a deployed plan (module docstring); `plan.breakdown` is its paper cost.
 
     Args:
         tflops, memory_gib: (N,) per device, indexed like the plan's grid.
+        latency_ms: (N, N) measured latencies, for the commit vote; None leaves it out (a plan priced for the
+            paper's comparisons).
 
     Raises:
         NoFeasiblePlan: a stage is placed on a device whose memory cannot hold it.
@@ -116,4 +125,6 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         pipeline_parallel_s=plan.breakdown.pipeline_parallel_s,
         compute_s=float(compute.max()),
         bubble_s=float((compute.sum() - compute.max()) / model.micro_batches),
+        commit_s=0.0 if latency_ms is None else float(np.asarray(latency_ms)[np.ix_(grid.ravel(), grid.ravel())].max())
+        / 1000,
     )

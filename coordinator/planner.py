@@ -180,7 +180,8 @@ def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wire: WireF
     paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire), d_dp=d_dp,
                            d_pp=d_pp)
     plan = cost_plan(paper, grid)
-    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib,
+                          latency_ms=placed.network.latency_ms)
     return Proposal(view=placed, plan=plan, live=live, model=model, wire=wire)
 
 

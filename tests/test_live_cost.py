@@ -38,6 +38,15 @@ def test_step_time_is_communication_plus_slowest_stage_plus_bubble():
     assert live.to_dict()["step_s"] == pytest.approx(live.total_s)
 
 
+def test_the_commit_vote_costs_the_plans_largest_latency():
+    latency = np.full((4, 4), 10.0)
+    latency[1, 3] = latency[3, 1] = 80.0  # two peers of the plan are far apart
+    live = predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB, latency_ms=latency)
+    unpriced = predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB)
+    assert unpriced.commit_s == 0 and live.commit_s == pytest.approx(0.080)
+    assert live.total_s == pytest.approx(unpriced.total_s + 0.080)
+
+
 def test_equal_stages_have_the_textbook_bubble_fraction():
     model = ModelConfig(name="even", n_layers=4, d_model=8, n_heads=2, seq_len=8, vocab_size=1, batch_tokens=64,
                         micro_batches=8)

@@ -80,7 +80,8 @@ def schedule(
     }
     hardware = load_hardware(scenario) if dp_bytes is None else None
     if hardware is not None:
-        live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1])
+        live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1],
+                              latency_ms=network.latency_ms)
         report |= {"predicted_step_s": live.total_s, "breakdown": live.to_dict()}
     if plot is not None:
         _plot(network, result.plan, plot)
