@@ -1,6 +1,8 @@
 """When the coordinator publishes which plan: debounced membership changes, hysteresis on measurements, shapes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hetswarm.client.peer.emulation import SiteLinks
@@ -9,6 +11,7 @@ from hetswarm.coordinator.planner import PlannerConfig, Replanner, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.swarm_records import IDS, link, record
 
 SITES = ["Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland"]
@@ -17,7 +20,8 @@ MODEL = get_model_config("tiny")
 SEARCH = SearchConfig(time_budget_s=2.0)
 
 
-def worldwide_records(n: int = 8, *, slow: set[frozenset[str]] = frozenset(), memory_gib: float = 4.0) -> dict:
+def worldwide_records(n: int = 8, *, slow: set[frozenset[str]] = frozenset(), memory_gib: float = 4.0,
+                      tflops: float = 1.0) -> dict:
     """n peers at the scenario's sites, every pair measured; pairs in `slow` are 20× slower."""
     peers = IDS[:n]
     records = {}
@@ -27,7 +31,7 @@ def worldwide_records(n: int = 8, *, slow: set[frozenset[str]] = frozenset(), me
             latency_ms, bandwidth_mbps = LINKS.link(SITES[i], SITES[j])
             factor = 20.0 if frozenset((peer, other)) in slow else 1.0
             links[other] = link(latency_ms * factor, bandwidth_mbps / factor)
-        records[peer] = record(peer, site=SITES[i], links=links, memory_gib=memory_gib)
+        records[peer] = record(peer, site=SITES[i], links=links, memory_gib=memory_gib, tflops=tflops)
     return records
 
 
@@ -118,3 +122,18 @@ def test_fixed_degrees_larger_than_the_swarm_publish_nothing():
         propose(view, PlannerConfig(model=MODEL, d_dp=2, d_pp=4, search=SEARCH))
     planner = replanner(d_dp=2, min_peers=1, debounce_s=0.0)
     assert planner.decide(worldwide_records(7), now=0.0) is None
+
+
+@pytest.mark.parametrize("model, tflops, chosen", [("small", 1.0, "8bit"), ("tiny", 1e-6, "fp32")],
+                         ids=["bytes-bound", "compute-bound"])
+def test_auto_compression_compresses_only_where_the_bytes_cost_time(model, tflops, chosen):
+    """When the transfers' bytes dominate, 8-bit is predicted fastest; when compute dwarfs them every wire is within
+    5 % of the fastest, and auto keeps the exact one."""
+    view = build_view(worldwide_records(8, tflops=tflops))
+    config = PlannerConfig(model=get_model_config(model), d_dp=2, d_pp=4, search=SearchConfig(time_budget_s=0.5))
+    auto = propose(view, replace(config, compression="auto"))
+    assert auto.wire == WireFormat.uniform(chosen)
+    by_policy = {policy: propose(view, replace(config, compression=policy)) for policy in ("none", "model", "8bit")}
+    assert by_policy["none"].wire == WireFormat.uniform("fp32") and by_policy["8bit"].wire == WireFormat.uniform("8bit")
+    assert by_policy["8bit"].live.total_s < by_policy["model"].live.total_s < by_policy["none"].live.total_s
+    assert auto.live.total_s <= min(p.live.total_s for p in by_policy.values()) * 1.05 + 1e-9
