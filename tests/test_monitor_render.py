@@ -7,6 +7,7 @@ from hetswarm.client.cli.render import render, training_state_line
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress, Refusals
+from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.swarm_records import IDS, record
 from tests.test_training_correctness import _assignment
 
@@ -111,3 +112,14 @@ def test_the_coordinators_refused_and_flagged_peers_are_shown_with_their_reasons
     text = printed(shown)
     assert f"refused {short_id(intruder)} ({intruder}): not admitted: no join token" in text
     assert "flagged" in text and "claims 100 TFLOPS" in text and "forged" not in text
+
+
+def test_the_plans_wire_is_shown():
+    a, b, c, d = IDS[:4]
+    wire = WireFormat(activations="8bit", gradients="fp16", allreduce="8bit")
+    assignment = _assignment([[a, b], [c, d]], IDS[9], wire).copy(update={"version": 3})
+    records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
+    snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress={}, read_at=0.0)
+    shown = snap.to_json()
+    assert shown["assignment"]["wire"] == {"activations": "8bit", "gradients": "fp16", "allreduce": "8bit"}
+    assert "wire: 8bit activations, fp16 activation gradients, 8bit all-reduce" in printed(shown)

@@ -352,7 +352,7 @@ class StageGroup:
             self.feedback.begin(step)
             for index, copy in enumerate(copies):
                 copy.add_(self.feedback.residual(("sent", index), copy))
-        wire_bytes = sum(copy.numel() for copy in copies) * BYTES_PER_VALUE[self.codec]
+        wire_bytes = int(sum(copy.numel() for copy in copies) * BYTES_PER_VALUE[self.codec])
         runner = ExactAllReduceRunner(
             p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
