@@ -30,6 +30,17 @@ def _final_loss(phase: PhaseResult) -> float:
     return statistics.fmean(phase.losses[step] for step in steps)
 
 
+def _targets(results: dict[str, PhaseResult], baseline: str) -> str:
+    """The issue's targets for 8-bit against the wire before compression, when both ran."""
+    if "8bit" not in results or baseline == "8bit":
+        return ""
+    base, eight = results[baseline], results["8bit"]
+    return (f"\nTargets (8-bit against `{baseline}`): ≥ 1.6× faster per step — measured "
+            f"{base.measured_step_s / eight.measured_step_s:.2f}×; loss within 2 % — "
+            f"{_final_loss(eight) / _final_loss(base) - 1:+.2%}; prediction within 15 % — "
+            f"{eight.error:+.0%}.\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="measured steps per policy, after the warm-up")
@@ -75,6 +86,7 @@ compression (fp16 activations, fp32 all-reduce).
 | policy | wire | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | speed-up | loss | loss vs {policies[0]} |
 |---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
+{_targets(results, policies[0])}
 """
     print(markdown)
     write_section("compression", markdown)
