@@ -21,6 +21,7 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.limits import MAX_BANDWIDTH_MBPS
 from hetswarm.protocol.records import LinkMeasurement
 from hetswarm.protocol.units import BITS_PER_MBIT, MS_PER_S
 
@@ -129,7 +130,8 @@ async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeC
         best_s = min([await _stream_time(stub, n_bytes) for _ in range(config.bandwidth_rounds)])
     return LinkMeasurement(
         latency_ms=fastest_rtt / 2 * MS_PER_S,
-        bandwidth_mbps=n_bytes * 8 / max(best_s - fastest_rtt, 1e-6) / BITS_PER_MBIT,
+        # a payload no slower than a ping (loopback) says only that the link is faster than records can hold
+        bandwidth_mbps=min(n_bytes * 8 / max(best_s - fastest_rtt, 1e-6) / BITS_PER_MBIT, MAX_BANDWIDTH_MBPS),
         measured_at=get_dht_time(),
         samples=config.pings,
     )
