@@ -100,6 +100,9 @@ class PlannerConfig:
             raise ConfigError(f"placement must be scheduled, random or default, got {self.placement!r}")
         if self.compression not in COMPRESSION_POLICIES:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
+        if self.compression == "aq-sgd" and (self.model.data_period or 0) < 2:
+            raise ConfigError("compression aq-sgd sends activation deltas of samples that recur: give the model a "
+                              f"data_period of at least 2 steps (--data-period), got {self.model.data_period}")
         if (self.min_peers < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
                 or not 0 <= self.improvement < 1):
             raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "

@@ -4,7 +4,8 @@
 against the shape exactly (the all-reduce sends fp16 with hivemind's ``Float16Compression``). ``8bit`` is blockwise
 absmax quantization (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization", the scheme of hivemind's
 ``BLOCKWISE_8BIT``, whose implementation needs bitsandbytes): each block of BLOCK_VALUES values is sent as its
-largest magnitude m (float32) and one int8 per value, round(127·x/m). hivemind's other 8-bit quantizers do not work
+largest magnitude m (float32) and one int8 per value, round(127·x/m); ``4bit`` and ``2bit`` (activation
+deltas) are the same with 7 and 1 levels each side of zero. hivemind's other 8-bit quantizers do not work
 here (docs/hivemind.md, pitfall 9), and their uniform buckets send every value beyond 3σ as its edge bucket's mean,
 which turns one outlier in a gradient into a large error that error feedback then carries from step to step.
 
@@ -12,10 +13,13 @@ Error bounds, which tests/test_codecs.py holds them to:
 
  * fp32: none;
  * fp16: |x - x̂| ≤ 2^-11·|x| for |x| in fp16's normal range (2^-14 to 65504); larger values saturate;
- * 8bit: |x - x̂| ≤ m/254, m the largest magnitude in x's block; zeros stay zeros.
+ * 8bit, 4bit, 2bit: |x - x̂| ≤ m/(2L), m the largest magnitude in x's block and L = 127, 7, 1 the levels each side
+   of zero; zeros stay zeros.
 
-The 8-bit payload is hetswarm's own (scales, then int8 values) under the ``BLOCKWISE_8BIT`` label: only
-``decode_tensor`` here reads it, never hivemind's deserializer.
+The blockwise payloads are hetswarm's own (scales, then the levels: one int8 per value for 8bit, offset by L and
+packed two or four to a byte for 4bit and 2bit) under the ``BLOCKWISE_8BIT`` label, the only blockwise type hivemind's
+enum has: only ``decode_tensor`` here reads them, told apart by the codec the receiver expects (a frame header's, a
+plan's all-reduce codec) and checked against their exact byte count.
 """
 import math
 
@@ -33,51 +37,75 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.protocol.wire_format import BLOCK_VALUES, Codec
 
-__all__ = ["COMPRESSION_TYPES", "Blockwise8Bit", "allreduce_compression", "decode_tensor", "encode_tensor",
+__all__ = ["COMPRESSION_TYPES", "BlockwiseQuantizer", "allreduce_compression", "decode_tensor", "encode_tensor",
            "round_trip", "wire_bytes", "wire_dtype"]
 
-_DTYPES: dict[Codec, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "8bit": torch.float32}
+_BITS: dict[Codec, int] = {"8bit": 8, "4bit": 4, "2bit": 2}
+_DTYPES: dict[Codec, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16} | dict.fromkeys(_BITS, torch.float32)
 COMPRESSION_TYPES: dict[Codec, int] = {"fp32": runtime_pb2.CompressionType.NONE,
-                                       "fp16": runtime_pb2.CompressionType.NONE,
-                                       "8bit": runtime_pb2.CompressionType.BLOCKWISE_8BIT}
-_LEVELS = 127
+                                       "fp16": runtime_pb2.CompressionType.NONE} | dict.fromkeys(
+    _BITS, runtime_pb2.CompressionType.BLOCKWISE_8BIT)
 
 
-class Blockwise8Bit(CompressionBase):
-    """Blockwise absmax int8 (module docstring), as a hivemind compression so that an all-reduce can send with it."""
+class BlockwiseQuantizer(CompressionBase):
+    """Blockwise absmax quantization to `bits` bits (module docstring), as a hivemind compression so that an
+    all-reduce can send with it."""
 
     compression_type = runtime_pb2.CompressionType.BLOCKWISE_8BIT
+
+    def __init__(self, bits: int) -> None:
+        self.bits, self.levels = bits, 2 ** (bits - 1) - 1
+        self.per_byte = 8 // bits
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
         values = tensor.detach().to("cpu", torch.float32).reshape(-1)
         blocks = _blocks(values.numel())
         padded = torch.nn.functional.pad(values, (0, blocks * BLOCK_VALUES - values.numel())).view(blocks, BLOCK_VALUES)
-        scale = padded.abs().amax(dim=1) / _LEVELS  # (blocks,)
-        quantized = torch.round(padded / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(-_LEVELS, _LEVELS)
+        scale = padded.abs().amax(dim=1) / self.levels  # (blocks,)
+        quantized = torch.round(padded / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(-self.levels, self.levels)
         return runtime_pb2.Tensor(
             compression=self.compression_type, size=list(tensor.shape), dtype="float32",
-            buffer=scale.numpy().tobytes() + quantized.to(torch.int8).view(-1)[: values.numel()].numpy().tobytes())
+            buffer=scale.numpy().tobytes() + self._pack(quantized.view(-1)[: values.numel()]))
+
+    def _pack(self, quantized: torch.Tensor) -> bytes:
+        if self.bits == 8:
+            return quantized.to(torch.int8).numpy().tobytes()
+        offset = (quantized + self.levels).to(torch.uint8).numpy()  # 0 .. 2L fits in `bits` bits
+        offset = np.pad(offset, (0, -len(offset) % self.per_byte)).reshape(-1, self.per_byte)
+        shifts = np.arange(self.per_byte, dtype=np.uint8) * self.bits
+        return np.bitwise_or.reduce(offset << shifts, axis=1).astype(np.uint8).tobytes()
+
+    def _unpack(self, buffer: bytes, offset: int, numel: int) -> np.ndarray:
+        if self.bits == 8:
+            return np.frombuffer(buffer, dtype=np.int8, offset=offset, count=numel)
+        packed = np.frombuffer(buffer, dtype=np.uint8, offset=offset, count=_packed_bytes(numel, self.bits))
+        shifts = np.arange(self.per_byte, dtype=np.uint8) * self.bits
+        levels = (packed[:, None] >> shifts) & np.uint8((1 << self.bits) - 1)
+        return levels.reshape(-1)[:numel].astype(np.int8) - np.int8(self.levels)
 
     def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
         numel = math.prod(serialized_tensor.size)
         blocks = _blocks(numel)
         scale = np.frombuffer(serialized_tensor.buffer, dtype=np.float32, count=blocks)
-        quantized = np.frombuffer(serialized_tensor.buffer, dtype=np.int8, offset=4 * blocks, count=numel)
         padded = np.zeros(blocks * BLOCK_VALUES, dtype=np.float32)
-        padded[:numel] = quantized
+        padded[:numel] = self._unpack(serialized_tensor.buffer, 4 * blocks, numel)
         with np.errstate(invalid="ignore", over="ignore"):  # a hostile scale: the receiver refuses non-finite values
             values = (padded.reshape(blocks, BLOCK_VALUES) * scale[:, None]).reshape(-1)[:numel]
         return torch.from_numpy(values).reshape(tuple(serialized_tensor.size))
 
     def estimate_compression_ratio(self, info: CompressionInfo) -> float:
-        return (1 + 4 / BLOCK_VALUES) / 4  # of float32, which is what an all-reduce sends
+        return (self.bits / 8 + 4 / BLOCK_VALUES) / 4  # of float32, which is what an all-reduce sends
 
 
 def _blocks(numel: int) -> int:
     return -(-numel // BLOCK_VALUES)
 
 
-_BLOCKWISE_8BIT = Blockwise8Bit()
+def _packed_bytes(numel: int, bits: int) -> int:
+    return -(-numel * bits // 8)
+
+
+_QUANTIZERS: dict[Codec, BlockwiseQuantizer] = {codec: BlockwiseQuantizer(bits) for codec, bits in _BITS.items()}
 
 
 def wire_dtype(codec: Codec) -> torch.dtype:
@@ -87,29 +115,32 @@ def wire_dtype(codec: Codec) -> torch.dtype:
 
 def wire_bytes(codec: Codec, numel: int) -> int:
     """Exactly how many tensor bytes `numel` values take in `codec`."""
-    return {"fp32": 4 * numel, "fp16": 2 * numel, "8bit": numel + 4 * _blocks(numel)}[codec]
+    if codec in _BITS:
+        return _packed_bytes(numel, _BITS[codec]) + 4 * _blocks(numel)
+    return {"fp32": 4 * numel, "fp16": 2 * numel}[codec]
 
 
 def encode_tensor(tensor: torch.Tensor, codec: Codec) -> runtime_pb2.Tensor:
     """`tensor` (on any device) serialized in `codec`."""
     tensor = tensor.detach().cpu()  # hivemind serializes CPU tensors only
-    if codec == "8bit":
-        return _BLOCKWISE_8BIT.compress(tensor, CompressionInfo.from_tensor(tensor))
+    if codec in _QUANTIZERS:
+        return _QUANTIZERS[codec].compress(tensor, CompressionInfo.from_tensor(tensor))
     return serialize_torch_tensor(tensor.to(_DTYPES[codec]))
 
 
-def decode_tensor(serialized: runtime_pb2.Tensor) -> torch.Tensor:
-    """The CPU tensor a message carries (its dtype is `wire_dtype` of its codec)."""
-    if serialized.compression == _BLOCKWISE_8BIT.compression_type:
-        return _BLOCKWISE_8BIT.extract(serialized)
+def decode_tensor(serialized: runtime_pb2.Tensor, codec: Codec) -> torch.Tensor:
+    """The CPU tensor a message sent in `codec` carries (its dtype is `wire_dtype(codec)`); the caller has checked
+    that the message's compression label is the codec's (COMPRESSION_TYPES)."""
+    if codec in _QUANTIZERS:
+        return _QUANTIZERS[codec].extract(serialized)
     return deserialize_torch_tensor(serialized)
 
 
 def round_trip(tensor: torch.Tensor, codec: Codec) -> torch.Tensor:
     """What a receiver gets for `tensor`: its values after encoding and decoding, as float32."""
-    return decode_tensor(encode_tensor(tensor, codec)).to(torch.float32)
+    return decode_tensor(encode_tensor(tensor, codec), codec).to(torch.float32)
 
 
 def allreduce_compression(codec: Codec) -> CompressionBase:
     """The hivemind compression an all-reduce sends its parts with in `codec` (fp16: hivemind's cast to half)."""
-    return {"fp32": NoCompression(), "fp16": Float16Compression(), "8bit": _BLOCKWISE_8BIT}[codec]
+    return {"fp32": NoCompression(), "fp16": Float16Compression()}.get(codec) or _QUANTIZERS[codec]

@@ -5,8 +5,12 @@ attempt number with the same data, so frames of the aborted attempt can be told 
 
 A frame is a list of ``runtime_pb2.ExpertRequest`` messages. The first carries the ``FrameHeader`` (JSON in
 ``metadata``) and the first part of the tensor; each later message carries one more part. The tensor is
-serialized in the plan's codec for its kind (protocol/codecs.py: fp32, fp16, or hivemind's 8-bit quantization) and
+serialized in the plan's codec for its kind (protocol/codecs.py: fp32, fp16, or blockwise 8-bit quantization) and
 split into FRAME_PART_BYTES parts, since hivemind messages over 4 MiB misbehave (docs/hivemind.md, pitfall 2).
+
+An activation delta (AQ-SGD, client/training/activation_deltas.py) is a frame with ``delta`` set: its tensor is the
+change against the last activation of the same sample, in the plan's delta codec, and ``base_crc`` names that last
+activation (its CRC-32), so that a receiver whose copy differs refuses the frame rather than train on a wrong input.
 
 A receiver states what it expects (``Expectation``) and reads with ``read_frame`` (a stream) or ``decode_frame``
 (messages at hand). Anything else is refused with a ``FrameError`` that says what was wrong, before the tensor is
@@ -20,10 +24,11 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import pydantic.v1 as pydantic
 import torch
 from hivemind.proto import runtime_pb2
 from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
-from pydantic.v1 import BaseModel, Extra, ValidationError, conint, conlist
+from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, conint, conlist
 
 from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, encode_tensor, wire_bytes, wire_dtype
 from hetswarm.protocol.errors import RejectedInput
@@ -59,19 +64,30 @@ class FrameHeader(BaseModel):
     pipeline: conint(strict=True, ge=0)
     shape: conlist(conint(strict=True, ge=0), max_items=_MAX_DIMS)
     codec: Codec
+    delta: StrictBool = False
+    """The tensor is an activation's change against the last one of its sample (module docstring)."""
+    base_crc: conint(strict=True, ge=0, lt=2**32) | None = None
+    """With `delta`: the CRC-32 of the activation the change applies to."""
 
     class Config:
         extra = Extra.forbid
         allow_mutation = False
 
+    @pydantic.root_validator(skip_on_failure=True)
+    def _delta_names_its_base(cls, values: dict) -> dict:
+        if values["delta"] != (values["base_crc"] is not None):
+            raise ValueError("a delta frame, and only a delta frame, names its base_crc")
+        return values
+
     @classmethod
     def for_tensor(
         cls, tensor: torch.Tensor, *, kind: FrameKind, codec: Codec, assignment_version: int, step: int,
-        micro_batch: int, pipeline: int, attempt: int = 0,
+        micro_batch: int, pipeline: int, attempt: int = 0, base_crc: int | None = None,
     ) -> "FrameHeader":
-        """The header of ``tensor`` sent in ``codec``: its shape, with the given tags."""
+        """The header of ``tensor`` sent in ``codec``: its shape, with the given tags (a delta when ``base_crc``)."""
         return cls(kind=kind, assignment_version=assignment_version, step=step, attempt=attempt,
-                   micro_batch=micro_batch, pipeline=pipeline, shape=list(tensor.shape), codec=codec)
+                   micro_batch=micro_batch, pipeline=pipeline, shape=list(tensor.shape), codec=codec,
+                   delta=base_crc is not None, base_crc=base_crc)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +98,8 @@ class Expectation:
     assignment_version: int
     shape: tuple[int, ...]
     codec: Codec
+    delta_codec: Codec | None = None
+    """The codec of delta frames; None refuses deltas."""
     step: int | None = None
     pipeline: int | None = None
     micro_batches: int | None = None
@@ -92,12 +110,14 @@ class Expectation:
         if header.assignment_version != self.assignment_version:
             return VersionMismatch(f"frame is for assignment version {header.assignment_version}, "
                                    f"this stage runs version {self.assignment_version}")
+        if header.delta and self.delta_codec is None:
+            return FrameError(f"frame is a {header.kind} delta, but this plan sends {header.kind} whole")
         mismatches = [
             ("kind", header.kind, self.kind),
             ("step", header.step, self.step),
             ("pipeline", header.pipeline, self.pipeline),
             ("shape", header.shape, list(self.shape)),
-            ("codec", header.codec, self.codec),
+            ("codec", header.codec, self.delta_codec if header.delta else self.codec),
         ]
         for name, got, wanted in mismatches:
             if wanted is not None and got != wanted:
@@ -187,7 +207,7 @@ class _FrameReader:
         if self.tensor_bytes != self._max_tensor_bytes():
             raise FrameError(f"frame carries {self.tensor_bytes} tensor bytes; {codec} {self.header.shape} "
                              f"needs {self._max_tensor_bytes()}")
-        tensor = decode_tensor(combine_from_streaming(self.parts))
+        tensor = decode_tensor(combine_from_streaming(self.parts), codec)
         if not torch.isfinite(tensor).all():
             bad = int((~torch.isfinite(tensor)).sum())
             raise FrameError(f"frame carries {bad} NaN or infinite values of {tensor.numel()}")

@@ -37,6 +37,10 @@ class ModelConfig:
     """fp32 gradients are all-reduced."""
     activation_bytes_per_value: int = 2
     """fp16/bf16 activations cross stage boundaries."""
+    data_period: int | None = None
+    """Steps after which the data order repeats: step s trains on the micro-batches of step s mod data_period, so
+    that a sample recurs once per pass (activation deltas, protocol/wire_format.py, need it). None: every step draws
+    fresh windows of the corpus."""
     nominal_params: int | None = None
     """Headline parameter count a paper quotes (1.3e9 for GPT-3 XL); only `dtfm-reference` accounting reads it."""
     payload_accounting: Literal["exact", "dtfm-reference"] = "exact"
@@ -50,6 +54,8 @@ class ModelConfig:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)} in model {self.name!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads} in {self.name!r}")
+        if self.data_period is not None and self.data_period < 1:
+            raise ConfigError(f"data_period must be positive or None, got {self.data_period} in model {self.name!r}")
         if self.payload_accounting not in ("exact", "dtfm-reference"):
             raise ConfigError(f"payload_accounting must be 'exact' or 'dtfm-reference', got {self.payload_accounting!r}")
         if self.payload_accounting == "dtfm-reference" and not self.nominal_params:
@@ -113,6 +119,10 @@ class ModelConfig:
             gib = sequences * _DTFM_REFERENCE_SEQ_LEN * self.d_model * width / BYTES_PER_GIB
             return gib * BYTES_PER_GB
         return tokens_per_pipeline * self.d_model * width
+
+    def data_step(self, step: int) -> int:
+        """The step whose micro-batches step `step` trains on (itself unless the data order repeats)."""
+        return step % self.data_period if self.data_period else step
 
     def stage_flops_per_token(self, d_pp: int) -> list[float]:
         """Forward+backward FLOPs per token of each stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""

@@ -28,22 +28,28 @@ def test_fp32_is_exact_and_fp16_within_its_relative_bound(name):
     assert (error[normal] <= 2**-11 * x.abs()[normal]).all()
 
 
+_LEVELS = {"8bit": 127, "4bit": 7, "2bit": 1}
+
+
+@pytest.mark.parametrize("codec", list(_LEVELS))
 @pytest.mark.parametrize("name", list(_samples()))
-def test_8bit_is_within_half_a_level_of_its_block_and_keeps_zeros(name):
-    x = _samples()[name].reshape(-1)
+def test_blockwise_codecs_are_within_half_a_level_of_their_block_and_keep_zeros(codec, name):
+    x = _samples()[name].reshape(-1)[:4093]  # a last block that is not full, and values that do not fill a byte
     x[:BLOCK_VALUES // 2] = 0.0  # zeros among other values must come back as zeros
-    decoded = round_trip(x, "8bit")
+    decoded = round_trip(x, codec)
     blocks = torch.nn.functional.pad(x, (0, -x.numel() % BLOCK_VALUES)).view(-1, BLOCK_VALUES)
-    bound = (blocks.abs().amax(dim=1) / 254).repeat_interleave(BLOCK_VALUES)[: x.numel()]
+    bound = (blocks.abs().amax(dim=1) / (2 * _LEVELS[codec])).repeat_interleave(BLOCK_VALUES)[: x.numel()]
     assert ((decoded - x).abs() <= bound * (1 + 1e-5) + 1e-30).all()
     assert (decoded[: BLOCK_VALUES // 2] == 0).all()
-    assert len(encode_tensor(x, "8bit").buffer) == wire_bytes("8bit", x.numel()) < 1.02 * x.numel()
+    bits = {"8bit": 8, "4bit": 4, "2bit": 2}[codec]
+    assert len(encode_tensor(x, codec).buffer) == wire_bytes(codec, x.numel()) < (bits / 8 + 0.02) * x.numel()
 
 
+@pytest.mark.parametrize("codec", list(_LEVELS))
 @pytest.mark.parametrize("x", [torch.zeros(7), torch.tensor([3.5]), torch.tensor([-2.0, 0.0, 2.0])],
                          ids=["zeros", "single", "symmetric"])
-def test_8bit_sends_a_block_of_one_magnitude_exactly(x):
-    assert torch.equal(round_trip(x, "8bit"), x)
+def test_blockwise_codecs_send_a_block_of_one_magnitude_exactly(codec, x):
+    assert torch.equal(round_trip(x, codec), x)
 
 
 @pytest.mark.parametrize("codec", ["fp16", "8bit"])

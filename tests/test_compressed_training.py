@@ -6,8 +6,13 @@ round completed, so its error-feedback residuals were made, but the step is retr
 start again from the residuals the step started from (client/training/error_feedback.py), so the final parameters
 of the faulty run equal the fault-free run's. The replicas' state hashes are compared every second step, and they
 must never have had to resync. Compressed training stays near the fp32 reference.
+
+With activation deltas (AQ-SGD) and a data order that repeats every 2 steps, the first pass is sent whole and the
+next two as 4-bit deltas; a send that fails after delivery at step 2 (a delta) makes the plan retry the step, and the
+retry must start from the same activation copies, so that the run again equals its fault-free twin.
 """
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,9 +21,11 @@ import torch
 from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.training_process import Fault
-from tests.test_step_faults import D_DP, D_PP, FAULT_STEP, FP32, STEPS, _run_swarm
+from tests.test_step_faults import D_DP, D_PP, FAULT_STEP, FP32, STEPS, TINY, _run_swarm
 
 EIGHT_BIT = WireFormat.uniform("8bit")
+AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
+PERIOD = 2
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +38,28 @@ def identities(tmp_path_factory) -> Path:
     return folder
 
 
-def _run(tmp: Path, identities: Path, fault: Fault, wire: WireFormat) -> list[dict]:
+def _run(tmp: Path, identities: Path, fault: Fault, wire: WireFormat, data_period: int | None = None) -> list[dict]:
+    tmp.mkdir(exist_ok=True)
     for key in identities.glob("peer*.key"):
         shutil.copy(key, tmp / key.name)
-    return _run_swarm(tmp, fault, wire)
+    return _run_swarm(tmp, fault, wire, replace(TINY, data_period=data_period))
+
+
+def _assert_replicas_identical(results: list[dict]) -> None:
+    for result in results:
+        reports = result["reports"]
+        assert [report["step"] for report in reports] == list(range(STEPS)), reports
+        assert reports[-1]["resyncs"] == 0, reports[-1]  # the replica checks never found a difference
+    for stage in range(D_PP):
+        replicas = [r["final_state"] for r in results if r["stage"] == stage]
+        for name, value in replicas[0].items():
+            assert all(torch.equal(value, other[name]) for other in replicas[1:]), f"stage {stage}: {name}"
+
+
+def _assert_equal_runs(results: list[dict], expected: list[dict]) -> None:
+    for result, twin in zip(results, expected):
+        for name, value in result["final_state"].items():
+            torch.testing.assert_close(value, twin["final_state"][name], rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +71,25 @@ def fault_free(tmp_path_factory, identities) -> list[dict]:
 def test_8bit_replicas_stay_identical_and_a_retried_step_equals_the_fault_free_run(tmp_path, identities, fault_free):
     faulty = _run(tmp_path, identities, Fault.ONE_SIDED_PARTIAL_ALLREDUCE, EIGHT_BIT)
     for results in (fault_free, faulty):
-        for result in results:
-            reports = result["reports"]
-            assert [report["step"] for report in reports] == list(range(STEPS)), reports
-            assert reports[-1]["resyncs"] == 0, reports[-1]  # the replica checks never found a difference
-        for stage in range(D_PP):
-            replicas = [r["final_state"] for r in results if r["stage"] == stage]
-            for name, value in replicas[0].items():
-                assert all(torch.equal(value, other[name]) for other in replicas[1:]), f"stage {stage}: {name}"
+        _assert_replicas_identical(results)
     assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the fault step was retried
-    for result, expected in zip(faulty, fault_free):
-        for name, value in result["final_state"].items():
-            torch.testing.assert_close(value, expected["final_state"][name], rtol=0, atol=1e-5, msg=name)
+    _assert_equal_runs(faulty, fault_free)
+
+
+@pytest.mark.timeout(300)
+def test_activation_deltas_after_the_first_pass_and_a_retried_delta_step_equals_the_fault_free_run(
+        tmp_path, identities):
+    fault_free = _run(tmp_path / "fault-free", identities, Fault.NONE, AQ_SGD, data_period=PERIOD)
+    faulty = _run(tmp_path / "faulty", identities, Fault.SEND_FAILS_AFTER_DELIVERY, AQ_SGD, data_period=PERIOD)
+    micro_batches = TINY.micro_batches
+    for results in (fault_free, faulty):
+        _assert_replicas_identical(results)
+        for result in results:  # stage 0 sends, stage 1 takes: the first pass whole, every later step as deltas
+            end = "deltas_sent" if result["stage"] == 0 else "deltas_taken"
+            whole, deltas = result[end]
+            assert whole >= PERIOD * micro_batches and deltas >= (STEPS - PERIOD) * micro_batches, result[end]
+    assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the delta step was retried
+    _assert_equal_runs(faulty, fault_free)
 
 
 @pytest.mark.timeout(300)

@@ -116,10 +116,12 @@ def test_the_coordinators_refused_and_flagged_peers_are_shown_with_their_reasons
 
 def test_the_plans_wire_is_shown():
     a, b, c, d = IDS[:4]
-    wire = WireFormat(activations="8bit", gradients="fp16", allreduce="8bit")
+    wire = WireFormat(activations="8bit", gradients="fp16", allreduce="8bit", activation_deltas="4bit")
     assignment = _assignment([[a, b], [c, d]], IDS[9], wire).copy(update={"version": 3})
     records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
     snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress={}, read_at=0.0)
     shown = snap.to_json()
-    assert shown["assignment"]["wire"] == {"activations": "8bit", "gradients": "fp16", "allreduce": "8bit"}
-    assert "wire: 8bit activations, fp16 activation gradients, 8bit all-reduce" in printed(shown)
+    assert shown["assignment"]["wire"] == {"activations": "8bit", "gradients": "fp16", "allreduce": "8bit",
+                                           "activation_deltas": "4bit"}
+    assert ("wire: 8bit activations, fp16 activation gradients, 8bit all-reduce, 4bit activation deltas"
+            in printed(shown))

@@ -20,6 +20,7 @@ from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import reference_step, step_batches
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.wire_format import WireFormat
 from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node
@@ -38,9 +39,9 @@ RETRIED = {Fault.SEND_FAILS_AFTER_DELIVERY, Fault.FRAME_DROPPED, Fault.ONE_SIDED
 """Faults after which the whole plan must retry the fault step once."""
 
 
-def _run_swarm(tmp: Path, fault: Fault, wire: WireFormat = FP32) -> list[dict]:
-    """Runs the 4-process swarm with ``fault`` in one process (and the plan's codecs `wire`, fp32 by default);
-    returns each process's results in peer order."""
+def _run_swarm(tmp: Path, fault: Fault, wire: WireFormat = FP32, model: ModelConfig = TINY) -> list[dict]:
+    """Runs the 4-process swarm with ``fault`` in one process (and the plan's codecs `wire`, fp32 by default, and
+    its `model`); returns each process's results in peer order."""
     identities = [tmp / f"peer{i}.key" for i in range(D_PP * D_DP)]
     peer_ids = [peer_id_of(load_identity(path).get_public_key()) for path in identities]
     pipelines = [peer_ids[r * D_PP:(r + 1) * D_PP] for r in range(D_DP)]
@@ -51,7 +52,7 @@ def _run_swarm(tmp: Path, fault: Fault, wire: WireFormat = FP32) -> list[dict]:
         faulty = 0  # stage 0 of pipeline 0: its activations, or its stage group's all-reduce
     bootstrap, key = start_node(SWARM, tmp / "bootstrap.key")
     try:
-        assignment = _assignment(pipelines, peer_id_of(key.get_public_key()), wire)
+        assignment = _assignment(pipelines, peer_id_of(key.get_public_key()), wire, model)
         initial_peers = [str(maddr) for maddr in bootstrap.get_visible_maddrs()]
         jobs = [TrainJob(swarm=SWARM, identity_path=path, initial_peers=initial_peers, assignment=assignment,
                          steps=STEPS, seed=SEED, output_path=tmp / f"peer{i}.pt", config=CONFIG, torch_threads=1,

@@ -15,7 +15,7 @@ from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import reference_step, step_batches
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
 from hetswarm.protocol.wire_format import WireFormat
 from tests.conftest import reap_children
@@ -32,10 +32,11 @@ D_PP, D_DP = 2, 2
 CONFIG = StageConfig(lr=3e-3, frame_timeout_s=60, sender_timeout_s=30, reducer_timeout_s=60, start_timeout_s=60)
 
 
-def _assignment(pipelines: list[list[str]], coordinator_id: str, wire: WireFormat = FP32) -> Assignment:
+def _assignment(pipelines: list[list[str]], coordinator_id: str, wire: WireFormat = FP32,
+                model: ModelConfig = TINY) -> Assignment:
     return Assignment(
         coordinator_id=coordinator_id, version=1,
-        model={k: v for k, v in TINY.to_dict().items() if v is not None},  # records carry no nulls
+        model={k: v for k, v in model.to_dict().items() if v is not None},  # records carry no nulls
         d_pp=D_PP, d_dp=D_DP, stage_layers=[list(bounds) for bounds in TINY.stage_layers(D_PP)],
         roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
         pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=TINY.micro_batches, step=0,

@@ -66,7 +66,11 @@ def coordinator(
     compression: Annotated[str, typer.Option(help="Codecs of activations, their gradients and the all-reduce: "
                                                   "model (the model's widths: fp16 activations, fp32 gradients), "
                                                   "none (fp32), fp16, 8bit, or auto (the least lossy within 5 % of "
-                                                  "the fastest predicted step).")] = "model",
+                                                  "the fastest predicted step), or aq-sgd (8bit, and 4-bit "
+                                                  "activation deltas from the second pass on; needs "
+                                                  "--data-period).")] = "model",
+    data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
+                                                            "aq-sgd needs it.")] = None,
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
@@ -91,7 +95,9 @@ def coordinator(
     if not initial_peers and not new_swarm:  # a restarted coordinator alone would plan a swarm of its own
         raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start a new one with "
                             "this coordinator as its first peer")
-    model_config = load_model_config(model, **({"micro_batches": micro_batches} if micro_batches else {}))
+    overrides = {name: value for name, value in (("micro_batches", micro_batches), ("data_period", data_period))
+                 if value}
+    model_config = load_model_config(model, **overrides)
     planner_config = PlannerConfig(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
         search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hetswarm.client.local.demo import DemoWatch, PhaseResult
 from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.wire_format import WireFormat
 
 __all__ = ["render", "render_watch", "summary_lines"]
 
@@ -83,8 +84,7 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
     lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
                  f"{assignment['followers']} peers follow this version")
     if (wire := assignment.get("wire")) is not None:
-        lines.append(f"wire: {wire['activations']} activations, {wire['gradients']} activation gradients, "
-                     f"{wire['allreduce']} all-reduce")
+        lines.append(f"wire: {WireFormat.parse_obj(wire).describe()}")
     if (state := assignment.get("training_state")) is not None:
         lines.append(training_state_line(state))
     return Group(grid, *lines)

@@ -75,6 +75,8 @@ class DemoConfig:
     """Most seconds any one step may take before the run is given up."""
     compression: str = DEMO_COMPRESSION
     """The coordinator's --compression policy (protocol/wire_format.py)."""
+    data_period: int | None = None
+    """The coordinator's --data-period: steps per pass over a repeating data order (aq-sgd needs one)."""
 
     def __post_init__(self) -> None:
         if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
@@ -201,7 +203,8 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
         "--dp", str(config.dp), "--pp", str(config.pp), "--min-peers", str(n), "--plan", placement,
         "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
-        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression)
+        "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
+        *(("--data-period", str(config.data_period)) if config.data_period else ()))
     await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
                 on_update)
     assignment = watch.assignment

@@ -23,6 +23,11 @@ class StageError(HetswarmError):
 class FrameRefused(StageError):
     """A neighbour refused our activations or gradients (its reason is in the message), or could not be reached."""
 
+    def __init__(self, message: str, *, peers: Iterable[object] = (), verdict: str | None = None) -> None:
+        super().__init__(message, peers=peers)
+        self.verdict = verdict
+        """The neighbour's own answer, when it answered with a refusal."""
+
 
 class NeighbourSilent(StageError):
     """A neighbour's frame for the current step did not arrive before the deadline."""

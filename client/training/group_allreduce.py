@@ -255,7 +255,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             async for message in aiter_with_timeout(stream, self.reducer_timeout):
                 if message.code != averaging_pb2.AVERAGED_PART:
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
-                averaged = await asyncio.to_thread(decode_tensor, message.tensor_part)
+                averaged = await asyncio.to_thread(decode_tensor, message.tensor_part, self.codec)
                 self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
                 part_index += 1
             if part_index != self.tensor_part_container.num_parts_by_peer[peer_index]:
@@ -278,7 +278,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                                    f"{name(message.tensor_part.compression)}, the plan's {self.codec} is "
                                    f"{name(self.wire_compression.compression_type)}; leaving it out of the round")
                     break
-                tensor_part = decode_tensor(message.tensor_part)
+                tensor_part = decode_tensor(message.tensor_part, self.codec)
                 if (refusal := self._refusal(tensor_part, part_index)) is not None:
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with {refusal}; "
                                    f"leaving it out of the round")

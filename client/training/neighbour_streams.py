@@ -19,6 +19,10 @@ receiver closed with no answer, which hivemind's ``_add_protobuf_stream_handler`
 reader hits end of stream and cancels a handler that has already taken the frame. The call may or may not have
 delivered, so the frame is sent again (a repeat is a no-op at the receiver); if the retries run out, the step's
 commit vote fails and the whole plan retries the step (never a one-sided skip).
+
+With activation deltas in the plan (AQ-SGD, client/training/activation_deltas.py), each link keeps the last
+activation of every sample at both ends: the sender sends a sample's change once it has sent it whole, the receiver
+adds it to its copy, and both take the new copies when the step commits (``NeighbourStreams.commit``).
 """
 import asyncio
 import contextlib
@@ -37,6 +41,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from hivemind.utils.asyncio import as_aiter
 
+from hetswarm.client.training.activation_deltas import RESEND_WHOLE, DeltaBase, DeltaBuffers, Sample
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
 from hetswarm.protocol.limits import MAX_FRAME_BYTES
@@ -74,9 +79,25 @@ class StreamPlan:
     """The plan's codecs; every peer sends and expects the same."""
     previous: PeerID | None
     next: PeerID | None
+    data_period: int | None = None
+    """The data order repeats every this many steps (ModelConfig.data_period); activation deltas need it."""
 
     def codec(self, kind: FrameKind) -> Codec:
+        """The codec of a whole frame of `kind`."""
         return self.wire.activations if kind == "activations" else self.wire.gradients
+
+    def delta_codec(self, kind: FrameKind) -> Codec | None:
+        """The codec of a delta frame of `kind`; None when the plan sends `kind` whole."""
+        return self.wire.activation_deltas if kind == "activations" and self.data_period else None
+
+    def sample(self, step: int, micro_batch: int) -> Sample:
+        """Which sample a step's micro-batch is: the same every data_period steps."""
+        return step % self.data_period, micro_batch
+
+    def delta_buffers(self, neighbour: PeerID | None) -> DeltaBuffers | None:
+        """One end of the activation link with `neighbour`, when the plan sends deltas and there is a neighbour."""
+        delta = self.delta_codec("activations")
+        return DeltaBuffers(whole=self.wire.activations, delta=delta) if delta and neighbour else None
 
 
 class Inbox:
@@ -126,6 +147,8 @@ class ActivationServicer(ServicerBase):
     def __init__(self, plan: StreamPlan, *, frame_timeout_s: float) -> None:
         self.plan, self.frame_timeout_s = plan, frame_timeout_s
         self.inbox = Inbox()
+        self.deltas = plan.delta_buffers(plan.previous)
+        """The receiving end of the activation link from the previous stage, when the plan sends deltas."""
         self.current_step = 0
         self.current_attempt = 0
 
@@ -169,7 +192,8 @@ class ActivationServicer(ServicerBase):
     async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kind: FrameKind) -> str | None:
         """Reads and stores one frame of a neighbour; returns why it was refused, or None when it was taken."""
         expected = Expectation(kind=kind, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
-                               codec=self.plan.codec(kind), pipeline=self.plan.pipeline,
+                               codec=self.plan.codec(kind), delta_codec=self.plan.delta_codec(kind),
+                               pipeline=self.plan.pipeline,
                                micro_batches=self.plan.micro_batches)
         try:
             async with asyncio.timeout(self.frame_timeout_s):
@@ -183,7 +207,18 @@ class ActivationServicer(ServicerBase):
         if (header.step, header.attempt) < (self.current_step, self.current_attempt):
             return (f"frame is for attempt {header.attempt} of step {header.step}, this stage is at attempt "
                     f"{self.current_attempt}")
-        return self.inbox.put((header.kind, header.step, header.attempt, header.micro_batch), tensor)
+        if self.deltas is None or kind != "activations":
+            return self.inbox.put((header.kind, header.step, header.attempt, header.micro_batch), tensor)
+        sample, attempt = self.plan.sample(header.step, header.micro_batch), (header.step, header.attempt)
+        try:
+            tensor = self.deltas.incoming(tensor, attempt=attempt, sample=sample, base_crc=header.base_crc,
+                                          sender=self.plan.previous)
+        except DeltaBase as e:
+            return str(e)
+        refusal = self.inbox.put((header.kind, header.step, header.attempt, header.micro_batch), tensor)
+        if refusal is None:
+            self.deltas.stage(attempt, sample, tensor)
+        return refusal
 
 
 async def send_frame(
@@ -215,7 +250,8 @@ async def send_frame(
             gone = [peer] if _DIAL_FAILED.search(str(e)) else []  # only a failed dial says the peer is gone
             raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=gone) from e
         if response.metadata:
-            raise FrameRefused(f"{peer} refused {what}: {response.metadata.decode(errors='replace')}")
+            verdict = response.metadata.decode(errors="replace")
+            raise FrameRefused(f"{peer} refused {what}: {verdict}", verdict=verdict)
         return
 
 
@@ -225,6 +261,8 @@ class NeighbourStreams:
     def __init__(self, p2p: P2P, plan: StreamPlan, *, namespace: str, frame_timeout_s: float) -> None:
         self.p2p, self.plan, self.namespace, self.frame_timeout_s = p2p, plan, namespace, frame_timeout_s
         self.servicer = ActivationServicer(plan, frame_timeout_s=frame_timeout_s)
+        self.deltas = plan.delta_buffers(plan.next)
+        """The sending end of the activation link to the next stage, when the plan sends deltas."""
 
     async def attach(self) -> None:
         await self.servicer.add_p2p_handlers(self.p2p, namespace=self.namespace)
@@ -244,13 +282,27 @@ class NeighbourStreams:
         peer = self.plan.next if kind == "activations" else self.plan.previous
         if peer is None:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
-        tensor = tensor.detach()
-        header = FrameHeader.for_tensor(tensor, kind=kind, codec=self.plan.codec(kind),
-                                        assignment_version=self.plan.assignment_version,
+        tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind), None
+        sample = self.plan.sample(step, micro_batch) if self.deltas is not None and kind == "activations" else None
+        if sample is not None:
+            tensor, codec, base_crc = self.deltas.outgoing(tensor.to("cpu", torch.float32), attempt=(step, attempt),
+                                                           sample=sample)
+        header = FrameHeader.for_tensor(tensor, kind=kind, codec=codec, assignment_version=self.plan.assignment_version,
                                         step=step, attempt=attempt, micro_batch=micro_batch,
-                                        pipeline=self.plan.pipeline)
-        await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace, timeout_s=self.frame_timeout_s,
-                         stub=self._stub(peer, header))
+                                        pipeline=self.plan.pipeline, base_crc=base_crc)
+        try:
+            await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace,
+                             timeout_s=self.frame_timeout_s, stub=self._stub(peer, header))
+        except FrameRefused as e:
+            if base_crc is not None and e.verdict is not None and e.verdict.endswith(RESEND_WHOLE):
+                self.deltas.forget(sample)  # the receiver's copy differs: the step's retry sends it whole
+            raise
+
+    def commit(self, step: int, attempt: int) -> None:
+        """The plan committed (step, attempt): the activation copies it made at both links take effect."""
+        for deltas in (self.deltas, self.servicer.deltas):
+            if deltas is not None:
+                deltas.commit((step, attempt))
 
     def _stub(self, peer: PeerID, header: FrameHeader):
         """The stub a frame goes through (tests put a faulty one here)."""

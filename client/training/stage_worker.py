@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 from hivemind.p2p import P2P, PeerID
 
+from hetswarm.client.training.activation_deltas import buffer_bytes
 from hetswarm.client.training.data import TokenSource, sequences_per_micro_batch
 from hetswarm.client.training.errors import StageError, StepAborted
 from hetswarm.client.training.group_allreduce import StageGroup
@@ -67,6 +68,8 @@ class StageConfig:
     """Attempts of one step per ``run_step`` call before it raises StepAborted."""
     check_every: int = 50
     """Replicas compare (and repair) their state after every this many steps, and after any retried step."""
+    max_delta_bytes: int = 2 * 1024**3
+    """Memory the activation copies of AQ-SGD may take at each end of a link (client/training/activation_deltas.py)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.weight_decay < 0:
@@ -206,6 +209,7 @@ class StageWorker:
             self.optimizer.zero_grad(set_to_none=True)
             return False
         loss, grads = body.result()
+        self.streams.commit(step, attempt)
         for param, grad in zip(self.module.parameters(), grads):
             param.grad = grad
         await self._computing(self.optimizer.step)
@@ -227,7 +231,8 @@ class StageWorker:
         """Forward every micro-batch; returns what the backward pass needs: outputs (or losses) and inputs."""
         outputs, inputs = [], []
         for m in range(self.micro_batches):
-            tokens, targets = self.data.batch(step=step, pipeline=self.pipeline, n_pipelines=self.n_pipelines,
+            tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
+                                              n_pipelines=self.n_pipelines,
                                               micro_batch=m, micro_batch_size=self.micro_batch_size,
                                               seq_len=self.model_config.seq_len)  # (B, T), (B, T)
             if self.module.is_first:
@@ -235,7 +240,7 @@ class StageWorker:
             else:
                 received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
                                                                           attempt=attempt))
-                x = received.to(self.device, torch.float32).requires_grad_()  # (B, T, C)
+                x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
             out = await self._computing(self._forward, x, targets)
             if not self.module.is_last:
                 sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
@@ -317,7 +322,9 @@ async def start_stage(
     plan = StreamPlan(assignment_version=assignment.version, pipeline=role.replica,
                     micro_batches=assignment.micro_batches, wire=wire, previous=previous, next=following,
                     shape=(sequences_per_micro_batch(model_config, assignment.d_dp), model_config.seq_len,
-                           model_config.d_model))
+                           model_config.d_model), data_period=model_config.data_period)
+    if wire.activation_deltas:
+        _check_deltas(plan, config)
     streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s)
     members = [PeerID.from_base58(pipeline[role.stage]) for pipeline in assignment.pipelines]  # stage replicas
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage),
@@ -345,3 +352,23 @@ async def start_stage(
         await worker.close()
         raise
     return worker
+
+
+def _check_deltas(plan: StreamPlan, config: StageConfig) -> None:
+    """Activation deltas need samples that recur, and room for a pass of activation copies. The period must be at
+    least 2 steps: a neighbour may send a frame of the next step before this stage commits the current one, so the
+    two steps must not share samples (whose copies the commit is about to change).
+
+    Raises:
+        ConfigError: the plan's model has no data period (or one of a single step), or a pass of activation copies
+            would take more than ``config.max_delta_bytes``.
+    """
+    if plan.data_period is None or plan.data_period < 2:
+        raise ConfigError(f"activation deltas need a model data_period of at least 2 steps (samples that recur), "
+                          f"got {plan.data_period}")
+    need = buffer_bytes(data_period=plan.data_period, micro_batches=plan.micro_batches, shape=plan.shape)
+    if need > config.max_delta_bytes:
+        raise ConfigError(f"activation deltas keep {plan.data_period} steps × {plan.micro_batches} micro-batches of "
+                          f"{list(plan.shape)} activations at each end of a link: {need / 2**20:.0f} MiB, over the "
+                          f"limit of {config.max_delta_bytes / 2**20:.0f} MiB; shorten the data period or raise "
+                          f"the limit")

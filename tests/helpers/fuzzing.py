@@ -7,6 +7,7 @@ benchmarks/fuzz.py runs them for longer and counts.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -24,7 +25,7 @@ from hetswarm.protocol.keys import dht_key
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
 from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
 from hetswarm.protocol.signing import make_validators
-from hetswarm.protocol.wire_format import CODECS, Codec
+from hetswarm.protocol.wire_format import CODECS, DELTA_CODECS, Codec
 
 SWARM = "fuzz"
 SHAPE = (2, 4, 8)
@@ -99,9 +100,10 @@ def check_record(value, private_key: RSAPrivateKey, *, raw_value: bytes | None =
 # ---- frames -------------------------------------------------------------------------------------------------
 
 def valid_frame(codec: Codec = "fp32") -> list[runtime_pb2.ExpertRequest]:
+    """A frame in `codec`: an activation delta when it is a delta codec."""
     tensor = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
     header = FrameHeader.for_tensor(tensor, kind="activations", codec=codec, assignment_version=3, step=1,
-                                    micro_batch=0, pipeline=0)
+                                    micro_batch=0, pipeline=0, base_crc=7 if codec in DELTA_CODECS else None)
     return encode_frame(header, tensor, part_size_bytes=64)
 
 
@@ -116,7 +118,7 @@ def _flip(data: bytes, index: int, byte: int) -> bytes:
 def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
     """Valid frames in any codec with bytes flipped, parts dropped or duplicated, and headers or tensor fields
     replaced."""
-    codec = draw(st.sampled_from(CODECS))
+    codec = draw(st.sampled_from(CODECS + DELTA_CODECS))
     messages = [runtime_pb2.ExpertRequest.FromString(m.SerializeToString()) for m in valid_frame(codec)]
     for _ in range(draw(st.integers(1, 4))):
         index = draw(st.integers(0, len(messages) - 1))
@@ -127,7 +129,8 @@ def frame_inputs(draw) -> list[runtime_pb2.ExpertRequest]:
                 message.metadata = draw(st.binary(max_size=300))
             case "header":
                 header = json.loads(valid_frame(codec)[0].metadata)
-                header[draw(st.sampled_from(["step", "shape", "codec", "kind", "micro_batch", "x"]))] = draw(values)
+                field = draw(st.sampled_from(["step", "shape", "codec", "kind", "micro_batch", "delta", "base_crc", "x"]))
+                header[field] = draw(values)
                 messages[0].metadata = json.dumps(header, allow_nan=True, default=str).encode()
             case "buffer" if message.tensors:
                 tensor = message.tensors[0]
@@ -152,13 +155,15 @@ def check_frame(messages: list[runtime_pb2.ExpertRequest]) -> bool:
     """True if a receiver expecting some codec took the frame, False if all refused it; any other exception
     propagates."""
     taken = False
-    for codec in CODECS:
-        expected = Expectation(kind="activations", assignment_version=3, shape=SHAPE, codec=codec, micro_batches=4)
+    for codec, delta_codec in itertools.product(CODECS, (None, *DELTA_CODECS)):
+        expected = Expectation(kind="activations", assignment_version=3, shape=SHAPE, codec=codec,
+                               delta_codec=delta_codec, micro_batches=4)
         try:
             header, tensor = decode_frame(messages, expected=expected)
         except FrameError:
             continue
-        assert header.codec == codec and tuple(tensor.shape) == SHAPE and bool(torch.isfinite(tensor).all())
+        assert header.codec == (delta_codec if header.delta else codec) and (header.base_crc is None) != header.delta
+        assert tuple(tensor.shape) == SHAPE and bool(torch.isfinite(tensor).all())
         assert not math.isnan(tensor.sum())
         taken = True
     return taken

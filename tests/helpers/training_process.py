@@ -157,6 +157,9 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
             if job.save_first_grads and len(reports) == 1:
                 results["first_grads"] = {name: param.grad.detach().cpu().clone()
                                           for name, param in worker.module.named_parameters()}
+        for end, deltas in (("deltas_sent", worker.streams.deltas), ("deltas_taken", worker.streams.servicer.deltas)):
+            if deltas is not None:  # (whole, delta) frames of the activation link, with activation deltas on
+                results[end] = (deltas.sent_whole, deltas.sent_delta)
         if job.save_final_state:
             results["final_state"] = {name: param.detach().cpu().clone()
                                       for name, param in worker.module.named_parameters()}
