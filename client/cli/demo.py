@@ -27,9 +27,11 @@ def demo(
     compare: Annotated[bool, typer.Option(help="Then train a second plan on the same clients and compare "
                                                "(random, or scheduled when --plan is not).")] = True,
     model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    compression: Annotated[str, typer.Option(help="The coordinator's policy for the wire: model, none, fp16, 8bit "
-                                                  "or auto (default: the winner of benchmarks/compression.py).")
-                           ] = DEMO_COMPRESSION,
+    compression: Annotated[str, typer.Option(help="The coordinator's policy for the wire: model, none, fp16, 8bit, "
+                                                  "auto or aq-sgd (default: the winner of "
+                                                  "benchmarks/compression.py).")] = DEMO_COMPRESSION,
+    data_period: Annotated[Optional[int], typer.Option(help="Steps per pass over a repeating data order "
+                                                            "(aq-sgd needs one).")] = None,
     bandwidth_scale: Annotated[float, typer.Option(help="Emulated bandwidths × this, so the traffic matters.")] = 0.005,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data and the plans.")] = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="Where the logs and plans go (default: a temp folder).")] = None,
@@ -43,7 +45,8 @@ def demo(
         raise RejectedInput(f"--plan must be scheduled, random or default, got {plan!r}")
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
     config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
-                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression)
+                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression,
+                        data_period=data_period)
     try:
         _run_demo(config, console)
     except KeyboardInterrupt:
