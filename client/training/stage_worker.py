@@ -1,7 +1,10 @@
 """One stage of one pipeline, trained in lock-step with the rest of the swarm.
 
 A step is GPipe over the assignment's M micro-batches: every forward, then every backward in reverse order,
-then the stage group's all-reduce of the gradients, then the plan-wide commit vote, then the optimizer step.
+then the stage group's all-reduce of the gradients, then the plan-wide commit vote, then the optimizer step. The
+all-reduce starts as soon as the backward ends, while the neighbours may still be acknowledging the last frames:
+a send that then fails cancels it, and the attempt fails (waiting for the answers would add a round trip to the
+step).
 
 Steps are all-or-nothing (client/training/step_commit.py has the argument): an attempt of a step whose frames,
 neighbours or all-reduce failed on any peer of the plan is aborted by every peer (gradients dropped, no optimizer
@@ -135,6 +138,8 @@ class StageWorker:
         """Called with each failure of an attempt here, before the plan's vote: a driver reports it at once."""
         self._attempt: tuple[int, int] | None = None  # (step, next attempt) of the step not yet committed
         self._compute_s = self._wait_s = 0.0  # of the step being run
+        self._timeline: list[tuple[str, float]] = []
+        """(event, perf_counter) of the step being run, for the debug log of where its time went."""
 
     async def close(self) -> None:
         """Stops serving this stage's handlers (a new assignment builds a new worker); each part on its own, so that
@@ -155,7 +160,8 @@ class StageWorker:
             raise ConfigError(f"steps only go forward: step {step} was asked for after step {self.next_step - 1}")
         if self._attempt is None or self._attempt[0] != step:
             self._attempt = (step, 0)
-        started, self._compute_s, self._wait_s = time.perf_counter(), 0.0, 0.0
+        started, self._compute_s, self._wait_s, self._timeline = time.perf_counter(), 0.0, 0.0, []
+        wall_clock = time.time()
         self.board.prune(step)
         for _ in range(self.config.max_attempts):
             attempt = self._attempt[1]
@@ -172,6 +178,8 @@ class StageWorker:
         if first or attempt > 0 or (step + 1) % self.config.check_every == 0:
             if await self._waiting(self.replicas.check(step)):
                 self.resyncs += 1
+        logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
+            f"{event} +{at - started:.3f}" for event, at in self._timeline))
         return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
                           wall_s=time.perf_counter() - started,
                           tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
@@ -203,6 +211,7 @@ class StageWorker:
             if error is not None and self.on_failure is not None:
                 self.on_failure(error)
         committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
+        self._mark("voted")
         if not committed:
             if succeeded:
                 logger.warning(f"Step {step}, attempt {attempt} aborted: another peer of the plan failed it")
@@ -213,18 +222,23 @@ class StageWorker:
         for param, grad in zip(self.module.parameters(), grads):
             param.grad = grad
         await self._computing(self.optimizer.step)
+        self._mark("applied")
         return loss
 
     async def _compute_attempt(self, step: int, attempt: int) -> tuple[float | None, list[torch.Tensor]]:
         """Forward, backward and the group all-reduce of one attempt; returns the loss and the averaged grads."""
         try:
-            async with asyncio.TaskGroup() as sends:
+            async with asyncio.TaskGroup() as sends:  # a failed send cancels the rest, the all-reduce included
                 outputs, inputs = await self._forward_all(step, attempt, sends)
+                self._mark("forward")
                 loss = await self._backward_all(step, attempt, outputs, inputs, sends)
+                self._mark("backward")
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
+                await self._waiting(self.group.average(grads, step=step, attempt=attempt))
+                self._mark("all-reduced")
         except* StageError as failures:
             raise failures.exceptions[0] from None
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
-        await self._waiting(self.group.average(grads, step=step, attempt=attempt))
+        self._mark("sent")
         return loss, grads
 
     async def _forward_all(self, step: int, attempt: int, sends: asyncio.TaskGroup) -> tuple[list, list]:
@@ -240,6 +254,7 @@ class StageWorker:
             else:
                 received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
                                                                           attempt=attempt))
+                self._mark(f"a{m}")
                 x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
             out = await self._computing(self._forward, x, targets)
             if not self.module.is_last:
@@ -264,6 +279,7 @@ class StageWorker:
             else:
                 grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m,
                                                                       attempt=attempt))
+                self._mark(f"g{m}")
                 await self._computing(outputs[m].backward, grad.to(self.device, outputs[m].dtype))
             if not self.module.is_first:
                 sends.create_task(self.streams.send("gradients", inputs[m].grad, step=step, micro_batch=m,
@@ -287,6 +303,9 @@ class StageWorker:
             raise
         finally:
             self._compute_s += time.perf_counter() - started
+
+    def _mark(self, event: str) -> None:
+        self._timeline.append((event, time.perf_counter()))
 
     async def _waiting(self, awaitable):
         started = time.perf_counter()
@@ -360,15 +379,15 @@ def _check_deltas(plan: StreamPlan, config: StageConfig) -> None:
     two steps must not share samples (whose copies the commit is about to change).
 
     Raises:
-        ConfigError: the plan's model has no data period (or one of a single step), or a pass of activation copies
+        StageError: the plan's model has no data period (or one of a single step), or a pass of activation copies
             would take more than ``config.max_delta_bytes``.
     """
     if plan.data_period is None or plan.data_period < 2:
-        raise ConfigError(f"activation deltas need a model data_period of at least 2 steps (samples that recur), "
-                          f"got {plan.data_period}")
+        raise StageError(f"activation deltas need a model data_period of at least 2 steps (samples that recur), "
+                         f"got {plan.data_period}")
     need = buffer_bytes(data_period=plan.data_period, micro_batches=plan.micro_batches, shape=plan.shape)
     if need > config.max_delta_bytes:
-        raise ConfigError(f"activation deltas keep {plan.data_period} steps × {plan.micro_batches} micro-batches of "
-                          f"{list(plan.shape)} activations at each end of a link: {need / 2**20:.0f} MiB, over the "
-                          f"limit of {config.max_delta_bytes / 2**20:.0f} MiB; shorten the data period or raise "
-                          f"the limit")
+        raise StageError(f"activation deltas keep {plan.data_period} steps × {plan.micro_batches} micro-batches of "
+                         f"{list(plan.shape)} activations at each end of a link: {need / 2**20:.0f} MiB, over the "
+                         f"limit of {config.max_delta_bytes / 2**20:.0f} MiB; shorten the data period or raise "
+                         f"the limit")

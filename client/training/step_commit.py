@@ -14,7 +14,9 @@ member's success, and a failure vote cannot exist for that attempt. Votes travel
 sends every vote it knows for (step, attempt) and gets back every vote the callee knows (votes of others are
 relayed, so a peer can learn the vote of a member that died after voting). A peer pushes its vote to every member
 at once (a failure therefore reaches the others while they still wait for frames or parts, and they abort
-without waiting out their timeouts), then pulls from the members whose votes it lacks until it can decide. A
+without waiting out their timeouts), and decides as soon as the votes it holds decide: it does not wait for the
+answers to its pushes, so the last member's vote ends the step one latency after it is cast, not a round trip to
+the farthest member later. Until it can decide, it pulls from the members whose votes it lacks. A
 peer that cannot decide by the deadline (a member died before anyone heard its vote) raises ``CommitUnknown``:
 it neither commits nor retries, and waits for a new plan.
 
@@ -56,11 +58,15 @@ class CommitBoard(ServicerBase):
         self._by_name = {peer.to_base58(): peer for peer in members}
         self._votes: dict[StepKey, dict[PeerID, bool]] = {}
         self._changed = asyncio.Event()
+        self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
+        """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote."""
 
     async def attach(self) -> None:
         await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
 
     async def detach(self) -> None:
+        for call in list(self._calls.values()):
+            call.cancel()
         await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
     def record(self, key: StepKey, votes: Mapping[PeerID, bool]) -> None:
@@ -100,7 +106,8 @@ class CommitBoard(ServicerBase):
         """
         self.record(key, {self.p2p.peer_id: vote})
         others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
-        await asyncio.gather(*(self._exchange(peer, key) for peer in others))  # push our vote to everyone
+        for peer in others:  # push our vote to everyone
+            self._call(peer, key)
         deadline, pause = time.monotonic() + timeout_s, _POLL_MIN_S
         while (outcome := self.outcome(key)) is None:
             if time.monotonic() > deadline:
@@ -114,10 +121,16 @@ class CommitBoard(ServicerBase):
                 continue
             except TimeoutError:
                 pass
-            missing = [peer for peer in others if peer not in self._votes.get(key, {})]
-            await asyncio.gather(*(self._exchange(peer, key) for peer in missing))
+            for peer in others:  # pull the votes we lack, from members not already being asked
+                if peer not in self._votes.get(key, {}) and (key, peer) not in self._calls:
+                    self._call(peer, key)
             pause = min(2 * pause, _POLL_MAX_S)
         return outcome
+
+    def _call(self, peer: PeerID, key: StepKey) -> None:
+        """Starts an exchange of votes with `peer` (at most one per key and peer at a time)."""
+        call = self._calls[key, peer] = asyncio.create_task(self._exchange(peer, key))
+        call.add_done_callback(lambda _: self._calls.pop((key, peer), None))
 
     async def _exchange(self, peer: PeerID, key: StepKey) -> None:
         stub = CommitBoard.get_stub(self.p2p, peer, namespace=self.namespace)
