@@ -18,12 +18,20 @@ is measured from the second pass on, where AQ-SGD sends activation deltas. Write
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
+from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.network import Network
+from hetswarm.coordinator.plan import cost_plan
 
 BASELINE = "model"
 """Today's wire before compression: fp16 activations and gradients, fp32 all-reduce (the model config's widths)."""
@@ -33,6 +41,19 @@ LOSS_WINDOW = 20
 def _final_loss(phase: PhaseResult) -> float:
     steps = sorted(phase.losses)[-LOSS_WINDOW:]
     return statistics.fmean(phase.losses[step] for step in steps)
+
+
+def bytes_free_floor(plan_path: Path) -> float:
+    """The live model's step time for a saved plan's placement if no transfer carried any bytes: its latencies alone
+    (the pipeline's hops each way, the all-reduce's exchanges, the commit vote) and its compute. No codec makes a
+    step on that placement faster than this."""
+    plan = json.loads(plan_path.read_text())
+    grid = np.asarray(plan["stages"])  # (d_pp, d_dp) device ids
+    d_pp, d_dp = grid.shape
+    weightless = Payloads(dp_bytes=1e-12, pp_bytes=1e-12)
+    free = cost_plan(PaperCostModel(Network.from_scenario(plan), weightless, d_dp=d_dp, d_pp=d_pp), grid)
+    live = plan["breakdown"]
+    return free.breakdown.total_s + live["compute_s"] + live["bubble_s"] + live["commit_s"]
 
 
 TARGETS = {"8bit": (1.6, 0.02), "aq-sgd": (2.5, 0.03)}
@@ -53,6 +74,13 @@ def _targets(results: dict[str, PhaseResult], baseline: str) -> str:
     return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
+def _floor(plan_path: Path, base: PhaseResult) -> str:
+    floor = bytes_free_floor(plan_path)
+    return (f"With every byte free, the live model predicts {floor:.3f} s per step on the placement of the first "
+            f"policy (latency and compute alone): no codec can be more than {base.predicted_step_s / floor:.2f}× "
+            f"faster than its predicted {base.predicted_step_s:.3f} s there.\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="measured steps per policy, after the warm-up")
@@ -69,13 +97,18 @@ def main() -> None:
     warmup, steps = (period, (args.passes - 1) * period) if period else (2, args.steps)
 
     results: dict[str, PhaseResult] = {}
+    workdirs: dict[str, Path] = {}
     started = time.monotonic()
     for policy in policies:
+        workdir = Path(tempfile.mkdtemp(prefix=f"hetswarm-{policy}-"))
+        if workdirs:  # the first policy's peer identities, so that every policy plans the same peers
+            shutil.copytree(workdirs[policies[0]] / "keys", workdir / "keys")
+        workdirs[policy] = workdir
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
-                            data_period=period, bandwidth_scale=args.bandwidth_scale, seed=args.seed,
-                            step_timeout_s=120.0)
-        print(f"policy {policy}: training {warmup} + {steps} steps", flush=True)
-        results[policy] = run_swarm(config, on_workdir=lambda path: print(f"logs: {path}", flush=True))[0]
+                            workdir=workdir, data_period=period, bandwidth_scale=args.bandwidth_scale,
+                            seed=args.seed, step_timeout_s=120.0)
+        print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
+        results[policy] = run_swarm(config)[0]
         phase = results[policy]
         print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
               f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
@@ -110,7 +143,7 @@ compression (fp16 activations, fp32 all-reduce).
 | policy | wire | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | speed-up | loss | loss vs {policies[0]} |
 |---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
-{_targets(results, policies[0])}
+{_targets(results, policies[0])}{_floor(workdirs[policies[0]] / "run-scheduled" / "plan.json", base)}
 """
     print(markdown)
     write_section("activation-deltas" if period else "compression", markdown)
