@@ -1,7 +1,8 @@
 """The doors between the rooms stay where the README says they are.
 
  * The scheduler (hetswarm.coordinator and its pure modules) imports without hivemind, torch or pydantic, so a
-   researcher can plan on a laptop: checked by importing it in a fresh interpreter.
+   researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm schedule` runs
+   without hivemind or torch, checked by running it in one.
  * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
    client/cli imports the CLI; client/training reaches, of hetswarm, only protocol, client.peer and itself:
    checked statically, from every import statement in the source files (also those inside functions).
@@ -31,11 +32,12 @@ SCHEDULER_MODULES = [
 ]
 HEAVY_PACKAGES = ["hivemind", "torch", "pydantic"]
 
-# Runs in a fresh interpreter: imports the scheduler and, for each heavy package that got loaded anyway, names the
-# hetswarm lines that pulled it in (recorded by a finder that sees the first import of that package).
+# Runs in a fresh interpreter: imports the modules, then runs the `hetswarm` command line if one is given (its
+# stdout kept), and for each heavy package that got loaded anyway names the hetswarm lines that pulled it in
+# (recorded by a finder that sees the first import of that package).
 _PROBE = """
-import importlib, json, sys, traceback
-heavy, modules, root = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+import contextlib, importlib, io, json, sys, traceback
+heavy, modules, command, root = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 culprits = {}
 
 class Recorder:
@@ -48,20 +50,44 @@ class Recorder:
 sys.meta_path.insert(0, Recorder())
 for name in modules:
     importlib.import_module(name)
+output = io.StringIO()
+if command:
+    sys.argv = ["hetswarm", *command]
+    from hetswarm.client.cli import main
+    with contextlib.redirect_stdout(output):
+        try:
+            main()
+        except SystemExit as e:
+            if e.code:
+                raise
 loaded = {name: culprits.get(name, []) for name in heavy if name in sys.modules}
-print(json.dumps(loaded))
+print(json.dumps({"loaded": loaded, "output": output.getvalue()}))
 """
 
 
-def test_scheduler_imports_without_hivemind_torch_or_pydantic():
-    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(HEAVY_PACKAGES), json.dumps(SCHEDULER_MODULES),
-                             str(ROOT)],
+def _probe(heavy: list[str], modules: list[str], command: list[str] = ()) -> str:
+    """What `_PROBE` prints of `command`, after asserting that none of `heavy` was imported."""
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(heavy), json.dumps(modules),
+                             json.dumps(list(command)), str(ROOT)],
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    probed = json.loads(result.stdout.strip().splitlines()[-1])
     report = "\n".join(f"{name} imported via:\n  " + "\n  ".join(chain or ["(no hetswarm frame)"])
-                       for name, chain in loaded.items())
-    assert not loaded, f"the scheduler pulled in {sorted(loaded)}:\n{report}"
+                       for name, chain in probed["loaded"].items())
+    assert not probed["loaded"], f"pulled in {sorted(probed['loaded'])}:\n{report}"
+    return probed["output"]
+
+
+def test_scheduler_imports_without_hivemind_torch_or_pydantic():
+    _probe(HEAVY_PACKAGES, SCHEDULER_MODULES)
+
+
+def test_hetswarm_schedule_runs_without_hivemind_or_torch():
+    """`hetswarm schedule` starts without them: a researcher plans on a laptop, and the command answers at once."""
+    output = _probe(["hivemind", "torch"], [], ["schedule", "--scenario", "case1", "--time-budget", "0.2", "--json",
+                                                "--no-baselines"])
+    planned = json.loads(output)
+    assert planned["d_dp"] * planned["d_pp"] == 64 and planned["cost"] > 0, planned
 
 
 # --- static checks -----------------------------------------------------------------------------------------------

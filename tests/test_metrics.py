@@ -19,7 +19,8 @@ from prometheus_client.samples import Sample
 
 from hetswarm.client.cli.options import metrics_address
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, MetricsAddress, beside, serve_metrics
+from hetswarm.client.peer.addresses import MetricsAddress
+from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.protocol.errors import ConfigError, HetswarmError, RejectedInput
 from hetswarm.protocol.records import PeerRole, Progress
 from tests.helpers.swarm_records import IDS, link, record

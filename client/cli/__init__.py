@@ -1,7 +1,7 @@
 """The `hetswarm` command: thin typer commands that parse options, build configs and hand over to the rooms below.
 
- * app.py         - the typer app, `main` (one way out for expected errors), join / bootstrap / monitor
- * options.py     - options shared by several commands, and the logging set-up
+ * app.py         - the full typer app: join / bootstrap / monitor / token, and the commands of the modules below
+ * options.py     - options shared by several commands, the logging set-up, `run` (one way out for expected errors)
  * schedule.py    - `hetswarm schedule`: plan a network without any GPU
  * coordinator.py - `hetswarm coordinator`
  * demo.py        - `hetswarm demo`
@@ -13,6 +13,32 @@
 
 Nothing outside this room imports it.
 """
-from hetswarm.client.cli.app import app, main
+import sys
+
+from hetswarm.client.cli.options import run
 
 __all__ = ["app", "main"]
+
+
+def main() -> None:
+    """`hetswarm`: `schedule` runs on an app of its own that loads neither torch nor hivemind (it starts at once);
+    every other command loads the full app."""
+    if sys.argv[1:2] == ["schedule"]:
+        from hetswarm.client.cli.schedule import schedule_app
+
+        run(schedule_app, args=sys.argv[2:], prog_name="hetswarm schedule")
+    else:
+        from hetswarm.client.cli.app import main as run_full_app
+
+        run_full_app()
+
+
+def __getattr__(name: str):
+    """`app` (the full typer app, for tests and scripts) is loaded on first use; it then shadows the submodule of
+    the same name, as an eager `from .app import app` here would."""
+    if name == "app":
+        from hetswarm.client.cli.app import app
+
+        globals()["app"] = app
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

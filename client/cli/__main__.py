@@ -1,3 +1,3 @@
-from hetswarm.client.cli.app import main
+from hetswarm.client.cli import main
 
 main()

@@ -1,8 +1,6 @@
 """The `hetswarm` command: join a swarm, monitor it, plan schedules, run a coordinator or the demo."""
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,14 +24,14 @@ from hetswarm.client.cli.options import (
     SwarmOpt,
     VerboseOpt,
     configure_logging,
-    err_console,
     metrics_address,
+    new_app,
+    run,
 )
 from hetswarm.client.cli.schedule import schedule
-from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK
+from hetswarm.client.peer.addresses import ANY_HOST, DEFAULT_METRICS_HOST, LOOPBACK
 from hetswarm.client.peer.assignment_follower import check_coordinator_id
 from hetswarm.client.peer.link_probe import ProbeConfig
-from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.client.peer.volunteer import VolunteerConfig
 from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
@@ -42,13 +40,8 @@ from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.join_tokens import issue_token
 from hetswarm.protocol.keys import is_peer_id
 
-app = typer.Typer(
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Train foundation models on volunteered GPUs (DT-FM scheduling over a hivemind swarm).",
-)
+app = new_app(no_args_is_help=True,
+              help="Train foundation models on volunteered GPUs (DT-FM scheduling over a hivemind swarm).")
 app.command()(schedule)
 app.command(cls=EnvvarCommand)(coordinator)
 app.command()(demo)
@@ -173,15 +166,5 @@ def monitor(
 
 
 def main() -> None:
-    """Entry point: expected errors become one red line on stderr and exit code 1."""
-    try:
-        app()
-    except HetswarmError as e:
-        if logging.getLogger("hetswarm").isEnabledFor(logging.DEBUG):
-            raise
-        err_console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
+    """Every command of the full app; expected errors become one red line on stderr and exit code 1."""
+    run(app)

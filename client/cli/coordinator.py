@@ -20,8 +20,7 @@ from hetswarm.client.cli.options import (
     metrics_address,
 )
 from hetswarm.client.cli.processes import run_coordinator
-from hetswarm.client.peer.addresses import ANY_HOST
-from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST
+from hetswarm.client.peer.addresses import ANY_HOST, DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.coordinator.admission import load_allow_list
 from hetswarm.coordinator.broadcaster import BroadcastConfig

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from hivemind.utils.logging import use_hivemind_log_handler
 from rich.console import Console
 from rich.logging import RichHandler
 from typer.core import TyperCommand, TyperOption
 
-from hetswarm.client.peer.metrics import DEFAULT_METRICS_HOST, MetricsAddress
-from hetswarm.protocol.errors import RejectedInput
+from hetswarm.client.peer.addresses import DEFAULT_METRICS_HOST, MetricsAddress
+from hetswarm.protocol.errors import HetswarmError, RejectedInput
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and full tracebacks.")]
@@ -49,6 +48,23 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+def new_app(**settings) -> typer.Typer:
+    """A typer app with the command's shared settings (`-h` for help, plain tracebacks)."""
+    return typer.Typer(rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
+                       pretty_exceptions_enable=False, **settings)
+
+
+def run(app: typer.Typer, **kwargs) -> None:
+    """Runs `app`: expected errors become one red line on stderr and exit code 1 (tracebacks with --verbose)."""
+    try:
+        app(**kwargs)
+    except HetswarmError as e:
+        if logging.getLogger("hetswarm").isEnabledFor(logging.DEBUG):
+            raise
+        err_console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        sys.exit(1)
+
+
 def configure_logging(verbose: bool, log_format: str = "text") -> None:
     """One handler for hetswarm's loggers, on stderr so that stdout stays clean for --json. In json format every
     logger (hivemind's, asyncio's, warnings) goes through the same handler, so that every line on stderr parses."""
@@ -57,6 +73,8 @@ def configure_logging(verbose: bool, log_format: str = "text") -> None:
     if log_format == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLogFormatter())
+        from hivemind.utils.logging import use_hivemind_log_handler  # here: `hetswarm schedule` runs without hivemind
+
         use_hivemind_log_handler("in_root_logger")  # hivemind's records reach the root logger, as asyncio's do
         logging.getLogger().handlers[:] = [handler]
         logging.captureWarnings(True)

@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.live import Live
 
 from hetswarm.client.cli.render import render
+from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.peer.hardware import probe_hardware, resolve_device
-from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, MetricsAddress, beside, serve_metrics
+from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
 from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
 from hetswarm.client.peer.snapshot import SwarmSnapshot

@@ -1,4 +1,8 @@
-"""`hetswarm schedule`: plan a stored or captured network with the scheduler and compare it with the baselines."""
+"""`hetswarm schedule`: plan a stored or captured network with the scheduler and compare it with the baselines.
+
+It imports neither torch nor hivemind (tests/test_import_doors.py), so it starts at once and runs on a laptop:
+`hetswarm schedule ...` runs ``schedule_app``, which holds this command alone (client/cli/__init__.py).
+"""
 from __future__ import annotations
 
 import json
@@ -9,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, console, err_console
+from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, console, err_console, new_app
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import predict_step_s
@@ -25,6 +29,8 @@ from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
 PAPER_MODEL = "paper-gpt3-xl"
 PAPER_DEVICES = 64
 """A 64-device network is planned as the paper plans it (8 × 8, paper-gpt3-xl) unless told otherwise."""
+
+
 
 
 def schedule(
@@ -179,3 +185,7 @@ def _plot(network: Network, plan: Plan, path: Path) -> None:
     figure.colorbar(image, ax=axes)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
+
+
+schedule_app = new_app(add_completion=False)
+schedule_app.command()(schedule)

@@ -1,7 +1,8 @@
 """What any peer of a swarm runs, whatever its role: its node, what it measures and publishes, the plan it follows.
 
  * node.py                - NodeConfig, Identity, SwarmNode: the DHT process and its P2P replica; start_dht
- * addresses.py           - multiaddrs from the user, checked with py-multiaddr; the default listen addresses
+ * addresses.py           - multiaddrs from the user, checked with py-multiaddr; the default listen and
+                            metrics addresses
  * hardware.py            - GPU/CPU matmul TFLOPS (cached) and memory
  * link_probe.py          - RTT and bandwidth to a peer over P2P
  * emulation.py           - EmulatedP2P: links paced and delayed as a real-world scenario says
@@ -12,14 +13,7 @@
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
  * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who); stream messages
                             capped at the transport
-"""
-from hetswarm.client.peer.addresses import ANY_HOST, LOOPBACK, BadMultiaddr, check_maddrs
-from hetswarm.client.peer.assignment_follower import AssignmentFollower
-from hetswarm.client.peer.node import Identity, NodeConfig, SwarmNode, identity_for, start_dht
-from hetswarm.client.peer.snapshot import SwarmSnapshot
-from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 
-__all__ = [
-    "ANY_HOST", "AssignmentFollower", "BadMultiaddr", "Identity", "LOOPBACK", "NodeConfig", "SwarmNode",
-    "SwarmSnapshot", "Volunteer", "VolunteerConfig", "check_maddrs", "identity_for", "start_dht",
-]
+The package imports none of them: a command that needs only a light one (`hetswarm schedule` reads options that
+name addresses) does not start hivemind or torch.
+"""

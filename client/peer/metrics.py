@@ -23,7 +23,6 @@ import logging
 import statistics
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -31,36 +30,19 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import LinkMeasurement, PeerRecord, Progress
 from hetswarm.protocol.units import BITS_PER_MBIT, MS_PER_S
 
-__all__ = ["ClientCollector", "CoordinatorCollector", "MetricsAddress", "MetricsServer", "beside", "serve_metrics"]
+__all__ = ["ClientCollector", "CoordinatorCollector", "MetricsServer", "beside", "serve_metrics"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_METRICS_HOST = "127.0.0.1"
-"""Loopback unless told otherwise: the metrics name peers and their links, and prometheus_client's server has no
-authentication, so a volunteer's machine should not offer them to the internet by default. A Prometheus on the
-same host, or an SSH tunnel, reaches them; `--metrics-host 0.0.0.0` widens it where a firewall already decides."""
 PEER_STATES = ("joining", "ready", "training", "leaving")
 _STEP_HISTORY = 8
 """Observations of a member's progress kept for the coordinator's measured step time (a sliding window)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MetricsAddress:
-    """--metrics-host HOST --metrics-port PORT; port 0 picks a free port (the log line names it)."""
-
-    port: int
-    host: str = DEFAULT_METRICS_HOST
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"--metrics-port must be between 0 and 65535, got {self.port}")
-        if not self.host:
-            raise ConfigError("--metrics-host must name an address to bind, e.g. 127.0.0.1 or 0.0.0.0")
 
 
 class MetricsServer:
