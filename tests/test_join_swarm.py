@@ -1,7 +1,7 @@
 """A bootstrap node and four `hetswarm join` processes on 127.0.0.1, watched by `hetswarm monitor --json`.
 
-The tests share one swarm (module fixture) and run in file order: the clients appear with hardware figures and
-measured links, the emulated links are measured within 10 %, a SIGINT shows `leaving`, a SIGKILL disappears
+The tests share one swarm (module fixture) and run in file order: the clients appear with hardware figures (one
+emulating a slower device: `--emulate-tflops`) and measured links, the emulated links are measured within 10 %, a SIGINT shows `leaving`, a SIGKILL disappears
 within the record expiry, and no process is left behind.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ from hetswarm.client.peer.emulation import SiteLinks
 SCENARIO = "worldwide"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "tokyo": "Tokyo", "london": "London"}  # 3 regions
 BANDWIDTH_SCALE = 0.05
+EMULATED = {"virginia": 0.001}
+"""Clients that emulate a slower device, and its TFLOPS (below any CPU's)."""
 TTL_S = 10.0
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,8 +32,9 @@ def swarm(tmp_path_factory):
     with LocalSwarm("jointest", workdir=tmp_path_factory.mktemp("swarm")) as swarm:
         swarm.start_bootstrap()
         for name, site in SITES.items():
+            emulated = ("--emulate-tflops", str(EMULATED[name])) if name in EMULATED else ()
             swarm.start_client(name, "--emulate", SCENARIO, "--site", site, "--bandwidth-scale", str(BANDWIDTH_SCALE),
-                               "--ttl", str(TTL_S))
+                               "--ttl", str(TTL_S), *emulated)
         yield swarm
 
 
@@ -46,6 +49,8 @@ def test_monitor_lists_every_client_with_hardware_and_a_link_for_every_pair(sett
     peers = by_name(settled)
     assert set(peers) == set(SITES)
     assert all(p["state"] == "ready" and p["tflops"] > 0 and p["memory_gib"] > 0 for p in peers.values())
+    assert {name: peers[name]["tflops"] for name in EMULATED} == EMULATED
+    assert all(peers[name]["tflops"] > 10 * max(EMULATED.values()) for name in set(SITES) - set(EMULATED))
     assert settled["counts"]["pairs_measured"] == settled["counts"]["pairs"] == 6
 
 

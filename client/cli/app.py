@@ -61,6 +61,10 @@ def join(
     emulate: Annotated[Optional[str], typer.Option(help="Emulate links from a scenario (name or JSON file).")] = None,
     site: Annotated[Optional[str], typer.Option(help="With --emulate: the scenario site this peer is at.")] = None,
     bandwidth_scale: Annotated[float, typer.Option(help="With --emulate: multiply every bandwidth by this.")] = 1.0,
+    emulate_tflops: Annotated[Optional[float], typer.Option(help="Publish this dense 16-bit TFLOPS figure and compute "
+                                                                 "as slowly as such a device would (below this "
+                                                                 "device's own), to run mixed GPUs on one machine."
+                                                            )] = None,
     ttl: Annotated[float, typer.Option(help="Seconds the peer record lives without a heartbeat.")] = 60.0,
     probe_bytes: Annotated[int, typer.Option(help="Most bytes streamed to a peer to measure bandwidth.")] = 8 * 2**20,
     coordinator: CoordinatorOpt = None,
@@ -104,7 +108,8 @@ def join(
                              config=TrainerConfig(max_steps=max_steps, ttl_s=ttl, checkpoint_dir=checkpoint_dir)
                              ) if coordinator else None
     processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
-                   training=training, metrics=metrics_address(metrics_port, metrics_host))
+                   training=training, metrics=metrics_address(metrics_port, metrics_host),
+                   emulated_tflops=emulate_tflops)
 
 
 @app.command()

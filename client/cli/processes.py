@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.live import Live
@@ -16,7 +16,7 @@ from rich.live import Live
 from hetswarm.client.cli.render import render
 from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.emulation import SiteLinks
-from hetswarm.client.peer.hardware import probe_hardware, resolve_device
+from hetswarm.client.peer.hardware import emulate_tflops, probe_hardware, resolve_device
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
 from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
@@ -66,10 +66,11 @@ def announce(line: str) -> None:
 
 
 def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: str | None, throughput: str,
-         emulation: Emulation | None, training: TrainingSetup | None = None, metrics: MetricsAddress | None = None
-         ) -> None:
+         emulation: Emulation | None, training: TrainingSetup | None = None, metrics: MetricsAddress | None = None,
+         emulated_tflops: float | None = None) -> None:
     """Serves as a volunteer until Ctrl+C; with `training`, trains the stage of every accepted assignment; with
-    `metrics`, serves Prometheus metrics there."""
+    `metrics`, serves Prometheus metrics there; with `emulated_tflops`, publishes that figure and computes as
+    slowly as such a device."""
     site_links = emulation.site_links() if emulation else None  # fail on a bad scenario before starting anything
     torch_device = resolve_device(device)
     identity = identity_for(node_config)
@@ -78,6 +79,10 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
     try:
         metrics_server = serve_metrics(metrics) if metrics else None  # a thread: only once the DHT has forked
         hardware = probe_hardware(torch_device, throughput=throughput)
+        if emulated_tflops is not None:
+            hardware, slowdown = emulate_tflops(hardware, emulated_tflops)
+            if training is not None:
+                training = replace(training, config=replace(training.config, compute_slowdown=slowdown))
 
         async def serve(stop: asyncio.Event) -> None:
             node = await SwarmNode.attach(node_config, dht, identity, site_links=site_links,

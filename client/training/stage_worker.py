@@ -123,12 +123,14 @@ class StageWorker:
     def __init__(
         self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, board: CommitBoard,
         replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
-        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer,
+        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer, compute_slowdown: float = 1.0,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
         self.board, self.replicas = board, replicas
         self.model_config, self.pipeline, self.n_pipelines = model_config, pipeline, n_pipelines
         self.device, self.config = device, config
+        self.compute_slowdown = compute_slowdown
+        """Every computation here takes this many times as long (`hetswarm join --emulate-tflops`)."""
         self.micro_batches = model_config.micro_batches
         self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
         self.optimizer = optimizer
@@ -297,7 +299,10 @@ class StageWorker:
         started = time.perf_counter()
         running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
-            return await asyncio.shield(running)
+            result = await asyncio.shield(running)
+            if self.compute_slowdown > 1:  # as long as on the slower device this peer emulates
+                await asyncio.sleep((time.perf_counter() - started) * (self.compute_slowdown - 1))
+            return result
         except asyncio.CancelledError:  # an aborted attempt: the thread must not touch .grad after we reset it
             await asyncio.wait({running})
             raise
@@ -317,7 +322,7 @@ class StageWorker:
 
 async def start_stage(
     assignment: Assignment, me: PeerId, *, p2p: P2P, swarm: str, device: torch.device | str, data: TokenSource,
-    seed: int, config: StageConfig = StageConfig(),
+    seed: int, config: StageConfig = StageConfig(), compute_slowdown: float = 1.0,
 ) -> StageWorker:
     """Builds this peer's stage of the plan, serving its neighbour streams and its group, once all its peers answer.
 
@@ -360,7 +365,7 @@ async def start_stage(
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
     worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
-                       config=config, optimizer=optimizer)
+                       config=config, optimizer=optimizer, compute_slowdown=compute_slowdown)
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()
