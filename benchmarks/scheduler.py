@@ -19,7 +19,7 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.network import SCENARIOS, Network, load_network
+from hetswarm.coordinator.network import PAPER_SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import plan_from_partition
 from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
@@ -46,7 +46,7 @@ def paper_scenarios(args: argparse.Namespace) -> list[str]:
     rows = ["| scenario | default search (s) | wall (s) | paper GA (s) | GA candidates | GA wall (s) "
             f"| random, best of {args.random_samples} (s) | default placement (s) | published best (s) |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for name in SCENARIOS:
+    for name in PAPER_SCENARIOS:
         network = load_network(name)
         model, ours, wall, rand = _measure(network, d_dp=8, d_pp=8, budget_s=args.time_budget, seed=args.seed,
                                            random_samples=args.random_samples)
@@ -62,7 +62,7 @@ def paper_scenarios(args: argparse.Namespace) -> list[str]:
 def geo_swarm(n_devices: int, seed: int) -> Network:
     """Devices spread over the ten regions of the paper's world-wide table (uneven counts), each behind its own
     access link: latency adds 0–2 ms per end, bandwidth is capped by either end's 1–4 Gbit/s access."""
-    scenario = resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS["worldwide"])
+    scenario = resources.files("hetswarm.coordinator").joinpath("scenarios", PAPER_SCENARIOS["worldwide"])
     data = json.loads(scenario.read_text())
     table = data["full_region_pair_table_including_unused"]
     regions = sorted({region for pair in table for region in pair.split("-")})

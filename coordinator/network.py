@@ -2,6 +2,11 @@
 
 Scenario files (the DT-FM paper's five networks) ship in the package under `scenarios/`; `load_network` finds
 them by a short name (`worldwide`), by `case1`…`case5`, or reads any file of the same shape.
+
+Hardware scenarios (`HARDWARE_SCENARIOS`) put mixed GPUs on one of those networks: their file names a base network
+(`"network": "datacenter"`) whose links they borrow device for device, and each device entry carries its `gpu`,
+`tflops` and `memory_gib`, with the vendor datasheets cited under `sources`. Without those fields a scenario is
+homogeneous, as the paper's are.
 """
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ import numpy as np
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["InvalidNetwork", "Network", "SCENARIOS", "load_network"]
+__all__ = ["HARDWARE_SCENARIOS", "InvalidNetwork", "Network", "PAPER_SCENARIOS", "SCENARIOS", "load_network",
+           "load_scenario"]
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS: dict[str, str] = {
+PAPER_SCENARIOS: dict[str, str] = {
     "datacenter": "case1_datacenter_on_demand.json",
     "spot": "case2_datacenter_spot.json",
     "multi-datacenter": "case3_multiple_datacenters.json",
@@ -28,6 +34,14 @@ SCENARIOS: dict[str, str] = {
     "worldwide": "case5_worldwide_geo_distributed.json",
 }
 """Short name → file of the paper's scenarios (cases 1–5 in docs/dtfm.md, in that order)."""
+HARDWARE_SCENARIOS: dict[str, str] = {
+    "mixed-datacenter": "hetero_mixed_datacenter.json",
+    "mixed-regional": "hetero_mixed_regional.json",
+    "volunteer-mix": "hetero_volunteer_mix.json",
+    "memory-bound": "hetero_memory_bound.json",
+}
+"""Short name → file of the scenarios with mixed GPUs (module docstring)."""
+SCENARIOS: dict[str, str] = PAPER_SCENARIOS | HARDWARE_SCENARIOS
 
 
 class InvalidNetwork(RejectedInput):
@@ -119,25 +133,50 @@ def load_network(scenario: str) -> Network:
     Raises:
         InvalidNetwork: the name is unknown, the file is unreadable, or its matrices are invalid.
     """
+    data, label = load_scenario(scenario)
+    return Network.from_scenario(data, name=label)
+
+
+def load_scenario(scenario: str) -> tuple[dict[str, Any], str]:
+    """The scenario's dict, with the links of its base network when it names one, and its label.
+
+    Raises:
+        InvalidNetwork: the name is unknown, a file is unreadable or not JSON, or a base network's devices are not
+            the scenario's.
+    """
     path = Path(scenario)
     if path.suffix == ".json" and path.exists():
-        text, label = path.read_text(), path.stem
+        data, label = _read_json(path.read_text(), scenario), path.stem
     else:
         label = _short_name(scenario)
-        text = resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS[label]).read_text()
+        packaged = resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS[label]).read_text()
+        data = _read_json(packaged, scenario)
+    if isinstance(data, dict) and "network" in data and "latency_ms_matrix" not in data:
+        base, _ = load_scenario(str(data["network"]))
+        groups = [device.get("group") for device in data.get("devices", [])]
+        if groups != [device["group"] for device in base["devices"]]:
+            raise InvalidNetwork(f"{scenario}: its devices are not those of its network {data['network']!r}, "
+                                 f"in order and by group")
+        data = data | {key: base[key] for key in ("latency_ms_matrix", "bandwidth_gbps_matrix")}
+    return data, label
+
+
+def _read_json(text: str, scenario: str) -> Any:
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidNetwork(f"{scenario}: not valid JSON ({e})") from None
-    return Network.from_scenario(data, name=label)
 
 
 def _short_name(scenario: str) -> str:
     key = scenario.lower().removesuffix(".json")
-    for index, (short, file_name) in enumerate(SCENARIOS.items(), start=1):
-        if key in (short, f"case{index}", file_name.removesuffix(".json")):
+    cases = {f"case{index}": short for index, short in enumerate(PAPER_SCENARIOS, start=1)}
+    for short, file_name in SCENARIOS.items():
+        if key in (short, file_name.removesuffix(".json")):
             return short
-    names = ", ".join(list(SCENARIOS) + [f"case{i}" for i in range(1, len(SCENARIOS) + 1)])
+    if key in cases:
+        return cases[key]
+    names = ", ".join([*SCENARIOS, *cases])
     raise InvalidNetwork(f"unknown scenario {scenario!r}: give a JSON file path or one of {names}")
 
 

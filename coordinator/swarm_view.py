@@ -11,7 +11,6 @@ measured yet is estimated, never left at zero or infinity, and flagged with how 
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hetswarm.coordinator.network import Network
+from hetswarm.coordinator.network import InvalidNetwork, Network, load_scenario
 from hetswarm.protocol.records import PeerRecord
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
@@ -143,10 +142,11 @@ def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.n
     return estimated
 
 
-def load_hardware(path: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(tflops, memory_gib) per device from a saved view or plan (SwarmView.to_dict); None for a scenario without."""
+def load_hardware(scenario: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tflops, memory_gib) per device from a saved view or plan (SwarmView.to_dict), or from a scenario with
+    hardware (coordinator/network.py); None for a scenario without."""
     try:
-        devices = json.loads(Path(path).read_text())["devices"]
+        devices = load_scenario(str(scenario))[0]["devices"]
         return (np.array([float(d["tflops"]) for d in devices]), np.array([float(d["memory_gib"]) for d in devices]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (InvalidNetwork, OSError, ValueError, KeyError, TypeError):
         return None

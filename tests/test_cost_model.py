@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.network import SCENARIOS, InvalidNetwork, Network, load_network
+from hetswarm.coordinator.network import PAPER_SCENARIOS, InvalidNetwork, Network, load_network
 from hetswarm.protocol.model_config import get_model_config
 from tests.helpers.scheduler_oracles import brute_cost, random_network
 
@@ -50,7 +50,7 @@ def test_evaluate_matches_the_literal_definition(seed):
     assert model.evaluate(partition)[0].total_s == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS) + ["case1", "case5"])
+@pytest.mark.parametrize("name", list(PAPER_SCENARIOS) + ["case1", "case5"])
 def test_packaged_scenarios_load_by_short_name(name):
     network = load_network(name)
     assert network.n_devices == 64 and network.published_best_cost_s is not None

@@ -16,7 +16,7 @@ from rich.table import Table
 from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, console, err_console, new_app
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import predict_step_s
+from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
@@ -86,9 +86,12 @@ def schedule(
     }
     hardware = load_hardware(scenario) if dp_bytes is None else None
     if hardware is not None:
-        live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1],
-                              latency_ms=network.latency_ms)
-        report |= {"predicted_step_s": live.total_s, "breakdown": live.to_dict()}
+        try:
+            live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1],
+                                  latency_ms=network.latency_ms)
+            report |= {"predicted_step_s": live.total_s, "breakdown": live.to_dict()}
+        except NoFeasiblePlan as e:  # the plan is still shown: which stage does not fit, and where
+            report |= {"predicted_step_s": None, "infeasible": str(e)}
     if plot is not None:
         _plot(network, result.plan, plot)
     if json_output:
@@ -145,7 +148,9 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
     console.print(f"cost {breakdown.total_s:.3f} s = DataP {breakdown.data_parallel_s:.3f} s + 2·PipeP "
                   f"{breakdown.pipeline_parallel_s:.3f} s  (search {report['search']['elapsed_s']:.2f} s, "
                   f"stopped by {report['search']['stopped_by']})")
-    if "predicted_step_s" in report:
+    if report.get("infeasible"):
+        console.print(f"live model: the plan does not fit: {report['infeasible']}")
+    elif "predicted_step_s" in report:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in report["breakdown"].items() if k != "step_s")
         console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts})")
     if plan.bottleneck is not None:
