@@ -1,6 +1,7 @@
 """The commit vote (client/training/step_commit.py) over real p2p daemons: every member decides the same, a failure
 vote aborts everyone, a silent member leaves the outcome unknown, and a member decides once the votes it holds
-decide, without waiting for the answers to its own pushes (a round trip to the farthest member, on every step)."""
+decide, without waiting for the answers to its own pushes (a round trip to the farthest member, on every step) — yet
+a member that decides last and leaves at once still leaves its vote with the others."""
 import asyncio
 import time
 
@@ -74,3 +75,25 @@ def test_a_member_that_never_votes_leaves_the_outcome_unknown_and_is_named():
     for outcome, seconds in decisions:
         assert isinstance(outcome, CommitUnknown) and len(outcome.peers) == 1, decisions
         assert 2.0 <= seconds < 8.0
+
+
+async def _last_voter_leaves_at_once() -> list[bool | BaseException]:
+    async with connected_p2ps(3) as p2ps:
+        members = [p2p.peer_id for p2p in p2ps]
+        boards = [CommitBoard(p2p, members, namespace=NAMESPACE) for p2p in p2ps]
+        for board in boards:
+            await board.attach()
+        waiting = [asyncio.create_task(board.decide((4, 0), True, timeout_s=5.0)) for board in boards[:2]]
+        while len(boards[2]._votes.get((4, 0), {})) < 2:  # the last voter holds both other votes
+            await asyncio.sleep(0.01)
+        assert await boards[2].decide((4, 0), True, timeout_s=5.0)  # decides without a single await on the network
+        await boards[2].detach()  # and leaves at once, as after its last step
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        for board in boards[:2]:
+            await board.detach()
+        return outcomes
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_decides_last_and_leaves_at_once_still_delivers_its_vote():
+    assert asyncio.run(_last_voter_leaves_at_once()) == [True, True]

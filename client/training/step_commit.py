@@ -59,12 +59,17 @@ class CommitBoard(ServicerBase):
         self._votes: dict[StepKey, dict[PeerID, bool]] = {}
         self._changed = asyncio.Event()
         self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
-        """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote."""
+        """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote
+        (`detach` waits for them)."""
 
     async def attach(self) -> None:
         await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
 
     async def detach(self) -> None:
+        """Stops serving once the exchanges in flight are answered (or time out): a member that decided first and
+        leaves at once (its last step, a new plan) must not take its vote away before the others have it."""
+        if self._calls:
+            await asyncio.wait(list(self._calls.values()), timeout=_CALL_TIMEOUT_S)
         for call in list(self._calls.values()):
             call.cancel()
         await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
