@@ -180,8 +180,9 @@ class StageWorker:
         if first or attempt > 0 or (step + 1) % self.config.check_every == 0:
             if await self._waiting(self.replicas.check(step)):
                 self.resyncs += 1
-        logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
-            f"{event} +{at - started:.3f}" for event, at in self._timeline))
+        if logger.isEnabledFor(logging.DEBUG):  # built only when shown: this runs every step
+            logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
+                f"{event} +{at - started:.3f}" for event, at in self._timeline))
         return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
                           wall_s=time.perf_counter() - started,
                           tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
