@@ -41,7 +41,13 @@ from hetswarm.coordinator.run_state import (
     standing,
     start_step,
 )
-from hetswarm.coordinator.state_plan import StatePlan, checkpoint_plan, plan_state, rollback_state
+from hetswarm.coordinator.state_plan import (
+    StatePlan,
+    checkpoint_plan,
+    kept_state,
+    plan_state,
+    rollback_state,
+)
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
@@ -185,6 +191,8 @@ class Broadcaster:
         self._refusals_published_at = -math.inf
         self._abandoned: list[tuple[int, int]] = []
         """(step, version) of each plan that went back to a checkpoint (coordinator/state_plan.py, plan_state)."""
+        self._kept: frozenset[str] | None = None
+        """`kept_state` of the plan in force; None for a previous run's plan (all its members count as holders)."""
         self._pending: tuple[Proposal, str] | None = None
         """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
         self._state_missing_since: float | None = None
@@ -312,7 +320,7 @@ class Broadcaster:
             previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
             live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
             n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s,
-            abandoned=self._abandoned)
+            abandoned=self._abandoned, kept=self._kept)
         if isinstance(origin, str):
             if self._pending is None:
                 logger.warning(f"Not publishing the plan ({reason}): {origin}")
@@ -327,6 +335,7 @@ class Broadcaster:
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
                                                                self._checkpoint_every(proposal)),
             aggregation=self.config.aggregation)
+        self._kept = kept_state(self.assignment, self.state.assignment)
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)
         d_pp, d_dp = proposal.plan.grid.shape

@@ -341,6 +341,9 @@ class Replanner:
         if members == self.current.peers:  # nobody to leave out: restart the plan as it is
             self._restarted_at = self._considered_at = now
             return self.current, f"restart from the last committed step; {trouble}"
+        if not members:
+            self._refuse(f"no trainable peer left after {trouble}")
+            return None
         view = build_view(records).subset(sorted(members))
         return self._propose(view, f"re-planned without {trouble}", now)
 

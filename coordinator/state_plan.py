@@ -1,9 +1,11 @@
 """Where a new plan's training state comes from: the step it starts at, who hands the state off, who checkpoints.
 
 A plan that follows another starts at the step the previous plan's surviving members all hold (`start_step` in
-run_state.py) and lists them as the sources its newcomers download from (client/training/state_handoff.py). The
-members hold the state of their stage's layers, so the survivors cover the model when every layer has one; the
-plan is then a hand-off. When some layers have no surviving replica, the swarm goes back, as a whole, to the newest
+run_state.py) and lists them as the sources its newcomers download from (client/training/state_handoff.py). A
+member holds the state of its stage's layers once it has it: it kept them from the plan before (`kept_state`), or
+said it started its stage (a Progress record of the plan with the state's origin); a member moved in that never got
+its state (its source died with the others of its stage) holds nothing. The survivors cover the model when every
+layer has a holder; the plan is then a hand-off. When some layers have no surviving replica, the swarm goes back, as a whole, to the newest
 step whose checkpoints (advertised in the peers' records) cover every layer: a resume. When nothing covers them
 either, the coordinator waits (the peer may come back with its checkpoint) and, once it has waited long enough, says
 the layers are lost and lets them start again from the seed, so that the rest of the model keeps training.
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 
 from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, Progress
 
-__all__ = ["StatePlan", "checkpoint_plan", "layer_ranges", "newest_complete_checkpoint", "plan_state",
-           "rollback_state"]
+__all__ = ["StatePlan", "checkpoint_plan", "kept_state", "layer_ranges", "newest_complete_checkpoint",
+           "plan_state", "rollback_state"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,17 +38,18 @@ class StatePlan:
 
 def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection[str],
                records: Mapping[str, PeerRecord], progress: Mapping[str, Progress], n_layers: int, give_up: bool,
-               abandoned: Collection[tuple[int, int]] = ()) -> StatePlan | str:
+               abandoned: Collection[tuple[int, int]] = (), kept: Collection[str] | None = None) -> StatePlan | str:
     """The state a plan over `alive` peers starts from (module docstring), or why it cannot start yet.
 
     Args:
         live_step: `start_step` of the previous plan's survivors.
+        kept: `kept_state` of the previous plan; None (a plan adopted after a coordinator restart) counts every member.
         give_up: layers held by nobody start again from the seed (else the answer is a reason to wait).
         abandoned: (step, version) of each plan that went back to `step`: checkpoints of later steps written under
             older versions are of the trajectory it abandoned, and are never resumed from.
     """
     fresh = previous is None or live_step == 0  # nothing trained yet: nothing to lose
-    holders = {} if fresh else _holders(previous, alive, progress)
+    holders = {} if fresh else _holders(previous, alive, progress, kept)
     missing = _uncovered(holders.values(), n_layers)
     if not missing:
         return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders)))
@@ -98,13 +101,37 @@ def layer_ranges(layers: Collection[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _holders(previous: Assignment, alive: Collection[str], progress: Mapping[str, Progress]
-             ) -> dict[str, tuple[int, int]]:
-    """Surviving members of the previous plan that did not give up on it, with the layers they hold."""
-    stalled = {signer for signer, record in progress.items() if signer == record.peer_id
-               and record.assignment_version == previous.version and record.health == "stalled"}
+def kept_state(plan: Assignment, previous: Assignment | None) -> frozenset[str]:
+    """The members of `plan` that hold their stage's state from its start without downloading it: with a hand-off,
+    the sources that keep the layers they had under `previous`, and the members whose layers all start from the
+    seed; from the seed, all of them; after a resume, none (each loads checkpoints first)."""
+    handoff = plan.handoff
+    if handoff is None:
+        return frozenset(plan.roles)
+    if handoff.resumed_from_checkpoint or previous is None:
+        return frozenset()
+    sources, seeded = set(handoff.sources), {layer for a, b in handoff.seeded_layers for layer in range(a, b)}
+
+    def keeps(peer: str, stage: int) -> bool:
+        layers = tuple(plan.stage_layers[stage])
+        if set(range(*layers)) <= seeded:
+            return True
+        role = previous.roles.get(peer)
+        return peer in sources and role is not None and tuple(previous.stage_layers[role.stage]) == layers
+
+    return frozenset(peer for peer, role in plan.roles.items() if keeps(peer, role.stage))
+
+
+def _holders(previous: Assignment, alive: Collection[str], progress: Mapping[str, Progress],
+             kept: Collection[str] | None) -> dict[str, tuple[int, int]]:
+    """Surviving members of the previous plan that hold their stage's state (module docstring) and did not give up
+    on it, with the layers they hold."""
+    reports = {signer: record for signer, record in progress.items()
+               if signer == record.peer_id and record.assignment_version == previous.version}
+    started = {peer for peer, record in reports.items() if record.state_origin is not None}
+    stalled = {peer for peer, record in reports.items() if record.health == "stalled"}
     return {peer: tuple(previous.stage_layers[role.stage]) for peer, role in previous.roles.items()
-            if peer in alive and peer not in stalled}
+            if peer in alive and peer not in stalled and (kept is None or peer in kept or peer in started)}
 
 
 def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:

@@ -86,6 +86,12 @@ def test_a_stalled_member_gets_the_same_plan_restarted_at_most_once_per_retry_pe
     assert replanner.decide(records_of(PEERS), now=102.0) is None  # within retry_s: no thrashing
 
 
+def test_members_that_report_every_other_peer_unreachable_leave_nothing_to_plan_and_no_error():
+    replanner, plan = replanner_with_plan()
+    replanner.note_trouble(unreachable={a: [b for b in PEERS if b != a] for a in PEERS}, stalled={}, now=101.0)
+    assert replanner.decide(records_of(PEERS), now=101.5) is None  # everyone is a suspect: nobody left to plan
+
+
 # ---- a placed client killed mid-training ----
 
 SWARM = "healthtest"

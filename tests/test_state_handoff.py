@@ -3,6 +3,7 @@ holders at once, the digest most holders report wins, and what nobody holds is n
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from hetswarm.client.training.model import build_stage
 from hetswarm.client.training.stage_state import StageState, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.client.training.state_handoff import (
+    Agreement,
     StateServer,
     StateStore,
     StateUnavailable,
@@ -115,4 +117,20 @@ def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_swi
             await switching
             return agreed if switching.done() else None
 
-    assert asyncio.run(scenario()) == 9
+    assert asyncio.run(scenario()) == Agreement(9)
+
+
+def test_a_source_that_cannot_be_dialled_is_left_out_at_once_and_named():
+    async def scenario():
+        async with connected_p2ps(3) as (me, holder, dead):
+            (await serve(holder, stage_state(9))).version = 5
+            await serve(dead, stage_state(9))
+            dead_id = dead.peer_id
+            await dead.shutdown()
+            started = time.monotonic()
+            agreed = await agree_on_step(me, [holder.peer_id, dead_id], store=StateStore(), version=5,
+                                         namespace=NAMESPACE, timeout_s=30, poll_s=0.2)
+            return agreed, dead_id, time.monotonic() - started
+
+    agreed, dead, seconds = asyncio.run(scenario())
+    assert agreed == Agreement(9, (dead,)) and seconds < 10  # not the 30 s a silent source is waited for

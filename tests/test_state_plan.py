@@ -2,8 +2,8 @@
 the newest complete checkpoint, a wait, or lost layers that start again from the seed."""
 from __future__ import annotations
 
-from hetswarm.coordinator.state_plan import checkpoint_plan, layer_ranges, plan_state
-from hetswarm.protocol.records import CheckpointInfo, PeerRecord, Progress
+from hetswarm.coordinator.state_plan import checkpoint_plan, kept_state, layer_ranges, plan_state
+from hetswarm.protocol.records import CheckpointInfo, Handoff, PeerRecord, Progress
 from tests.helpers.swarm_records import IDS, record
 from tests.test_training_correctness import TINY, _assignment
 
@@ -25,9 +25,15 @@ def stalled(peer: str) -> Progress:
                     wait_s=0.0, health="stalled", reason="test", updated_at=0.0)
 
 
-def decide(alive: dict, *, progress: dict | None = None, give_up: bool = False, previous=PREVIOUS, live_step=30):
+def started(peer: str) -> Progress:
+    return Progress(peer_id=peer, assignment_version=4, step=30, loss=None, tokens_per_s=1.0, compute_s=0.1,
+                    wait_s=0.1, state_origin="handed off", updated_at=0.0)
+
+
+def decide(alive: dict, *, progress: dict | None = None, give_up: bool = False, previous=PREVIOUS, live_step=30,
+           kept=None):
     return plan_state(previous=previous, live_step=live_step, alive=set(alive), records=alive,
-                      progress=progress or {}, n_layers=TINY.n_layers, give_up=give_up)
+                      progress=progress or {}, n_layers=TINY.n_layers, give_up=give_up, kept=kept)
 
 
 def test_survivors_that_cover_every_layer_hand_the_state_off():
@@ -73,3 +79,28 @@ def test_one_saver_per_stage_the_lowest_id_that_keeps_checkpoints():
 
 def test_layer_ranges():
     assert layer_ranges({0, 1, 3, 5, 6}) == [(0, 2), (3, 4), (5, 7)] and layer_ranges(set()) == []
+
+
+def test_a_member_moved_in_holds_nothing_until_it_says_it_started_its_stage():
+    """D was moved into stage 1 by the previous plan, to download its state from B; B died before D got it."""
+    checkpoints = {A: [(24, (0, 2))], E: [(24, (2, 4))]}
+    alive = peers(A, C, D, E, checkpoints=checkpoints)
+    origin = decide(alive, kept={A, B, C})
+    assert origin.step == 24 and origin.handoff.resumed_from_checkpoint and "layers 2-3" in origin.note
+    origin = decide(alive, kept={A, B, C}, progress={D: started(D)})
+    assert origin.step == 30 and origin.handoff.sources == [A, C, D] and not origin.handoff.resumed_from_checkpoint
+    assert decide(alive).handoff.sources == [A, C, D]  # a previous run's plan: every member counts
+
+
+def test_the_members_that_keep_their_state_from_the_start_of_a_plan():
+    previous = PREVIOUS
+    moved = _assignment([[A, E], [C, D]], IDS[9])  # E takes B's place, from the state of D
+    handoff = moved.copy(update={"handoff": Handoff(sources=[A, C, D])})
+    assert kept_state(handoff, previous) == {A, C, D}
+    swapped = _assignment([[B, A], [C, D]], IDS[9]).copy(update={"handoff": Handoff(sources=[A, B, C, D])})
+    assert kept_state(swapped, previous) == {C, D}  # A and B changed stages: both download
+    resumed = moved.copy(update={"handoff": Handoff(sources=[A, D], resumed_from_checkpoint=True)})
+    assert kept_state(resumed, previous) == set()
+    assert kept_state(moved, previous) == {A, C, D, E}  # no hand-off: all from the seed
+    seeded = moved.copy(update={"handoff": Handoff(sources=[A, C], seeded_layers=[[2, 4]])})
+    assert kept_state(seeded, previous) == {A, C, D, E}  # stage 1 starts again from the seed: nothing to download

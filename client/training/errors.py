@@ -3,11 +3,23 @@
 Each names the peer or the group at fault, so the driver (``hetswarm join``) can log one clear line and wait
 for the coordinator's next assignment instead of stepping on a half-made gradient.
 """
+import re
 from collections.abc import Iterable
 
 from hetswarm.protocol.errors import HetswarmError
 
-__all__ = ["CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError", "StepAborted"]
+__all__ = ["CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageError", "StepAborted",
+           "dial_failed"]
+
+_DIAL_FAILED = re.compile(r"connection refused|dial backoff|all dials failed", re.IGNORECASE)
+
+
+def dial_failed(error: BaseException) -> bool:
+    """Whether a call failed because libp2p could not connect to the peer at any of its addresses (p2pd's
+    ControlFailure: refused, reset while negotiating, or backing off from redialling a peer that just failed): the
+    peer is gone. A peer not yet found by routing ("no addresses") or a handler that is not there (a peer between
+    plans) is not taken for gone."""
+    return _DIAL_FAILED.search(str(error)) is not None
 
 
 class StageError(HetswarmError):

@@ -27,7 +27,6 @@ adds it to its copy, and both take the new copies when the step commits (``Neigh
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.asyncio import as_aiter
 
 from hetswarm.client.training.activation_deltas import RESEND_WHOLE, DeltaBase, DeltaBuffers, Sample
-from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError
+from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError, dial_failed
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
 from hetswarm.protocol.limits import MAX_FRAME_BYTES
 from hetswarm.protocol.wire_format import Codec, WireFormat
@@ -52,9 +51,6 @@ __all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
 logger = logging.getLogger(__name__)
 
 Ping = Literal["answered", "late", "failed"]
-_DIAL_FAILED = re.compile(r"connection refused|dial backoff", re.IGNORECASE)
-"""What libp2p says (through p2pd's ControlFailure) when the peer's address refuses connections, then while it backs
-off from redialling it; a peer not yet found by routing ("no addresses") is not taken for gone."""
 
 FrameKey = tuple[FrameKind, int, int, int]
 """(kind, step, attempt, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
@@ -247,7 +243,7 @@ async def send_frame(
             await asyncio.sleep(_SEND_RETRY_PAUSE_S)
             continue
         except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
-            gone = [peer] if _DIAL_FAILED.search(str(e)) else []  # only a failed dial says the peer is gone
+            gone = [peer] if dial_failed(e) else []  # only a failed dial says the peer is gone
             raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=gone) from e
         if response.metadata:
             verdict = response.metadata.decode(errors="replace")
@@ -352,4 +348,4 @@ class NeighbourStreams:
             return "late"
         except Exception as e:
             logger.debug(f"{peer} does not answer a ping: {e!r}")
-            return "failed" if _DIAL_FAILED.search(str(e)) else "late"  # a handler between plans proves nothing
+            return "failed" if dial_failed(e) else "late"  # a handler between plans proves nothing

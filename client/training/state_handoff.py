@@ -32,13 +32,13 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.client.training.checkpoints import CheckpointDir
-from hetswarm.client.training.errors import StageError
+from hetswarm.client.training.errors import StageError, dial_failed
 from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
 
-__all__ = ["HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step", "fetch_state",
-           "unit_byte_limit"]
+__all__ = ["Agreement", "HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step",
+           "fetch_state", "unit_byte_limit"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,12 +247,22 @@ async def _holders(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: 
     return holders
 
 
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """What `agree_on_step` found."""
+
+    step: int | None
+    """The newest step every source that answered holds; None when none holds any state."""
+    gone: tuple[PeerID, ...] = ()
+    """Sources that could not be dialled: left out at once, and worth reporting, since the plan counts on them."""
+
+
 async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStore, version: int, namespace: str,
-                        timeout_s: float, poll_s: float = 0.5) -> int | None:
+                        timeout_s: float, poll_s: float = 0.5) -> Agreement:
     """The step a hand-off plan starts at: the newest step every source holds (module docstring), once each source
     has switched to ``version`` or later (its states are then final); sources that never answer within
-    ``timeout_s`` are left out. None when no source holds any state. When this peer is a source, its own ``store``
-    answers for it.
+    ``timeout_s`` are left out, and so, at once, are those that cannot be dialled (they are gone). When this peer is
+    a source, its own ``store`` answers for it.
 
     Every member of the plan asks the same sources and gets the same answers, so all start at the same step. The
     coordinator's ``Assignment.step`` is only a lower bound: the members of a plan it replaces may have trained on
@@ -260,26 +270,36 @@ async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStor
     """
     pending = [peer for peer in dict.fromkeys(sources) if peer != p2p.peer_id]
     newest: dict[PeerID, int | None] = {p2p.peer_id: store.newest_step} if p2p.peer_id in sources else {}
+    gone: list[PeerID] = []
     asking: dict[PeerID, asyncio.Task] = {}  # at most one call per source, never cancelled (trainer.py, _watch_peers)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while pending and asyncio.get_running_loop().time() < deadline:
         for peer in pending:
             call = asking.get(peer)
-            if call is not None and call.done() and (answer := call.result()) is not None and answer[0] >= version:
+            answer = call.result() if call is not None and call.done() else None
+            if answer is _GONE:
+                gone.append(peer)
+            elif answer is not None and answer[0] >= version:
                 newest[peer] = answer[1]
             elif call is None or call.done():
                 asking[peer] = asyncio.create_task(_newest(p2p, peer, namespace))
-        pending = [peer for peer in pending if peer not in newest]
+        pending = [peer for peer in pending if peer not in newest and peer not in gone]
         if pending:
             await asyncio.sleep(poll_s)
+    if gone:
+        logger.warning(f"{len(gone)} state source(s) cannot be dialled: {', '.join(map(str, gone))}")
     if pending:
         logger.warning(f"{len(pending)} state source(s) did not say which step they hold: "
                        f"{', '.join(str(peer) for peer in pending)}")
     steps = [step for step in newest.values() if step is not None]
-    return min(steps) if steps else None
+    return Agreement(min(steps) if steps else None, tuple(gone))
 
 
-async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | None] | None:
+_GONE = object()
+"""`_newest`'s answer for a source that cannot be dialled."""
+
+
+async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | None] | object | None:
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
     try:
         response = await stub.rpc_state_newest(runtime_pb2.ExpertRequest())
@@ -288,7 +308,7 @@ async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | No
         return int(answer["version"]), None if newest is None else int(newest)
     except Exception as e:
         logger.debug(f"No newest step from {peer}: {e!r}")
-        return None
+        return _GONE if dial_failed(e) else None
 
 
 async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespace: str, timeout_s: float

@@ -261,7 +261,10 @@ class Trainer:
                                      store=self.store, version=assignment.version,
                                      namespace=state_namespace(self.node.config.swarm),
                                      timeout_s=self.config.agree_timeout_s)
-        return assignment.step if agreed is None else agreed
+        if agreed.gone:  # the plan counts on their state: the coordinator should hear at once, not when they expire
+            self._report_trouble(assignment, assignment.step, "retrying", StageError(
+                f"state source(s) {', '.join(map(str, agreed.gone))} cannot be dialled", peers=agreed.gone))
+        return assignment.step if agreed.step is None else agreed.step
 
     async def _state_for(self, assignment: Assignment, role: PeerRole) -> StageState | None:
         """The state this stage starts from at the plan's step: kept here (memory or checkpoint), or handed off by
@@ -422,7 +425,7 @@ class Trainer:
             tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries if worker else 0,
             resyncs=worker.resyncs if worker else 0, health=health, reason=str(error)[:256],
             unreachable=[peer for peer in dict.fromkeys(error.peers) if peer in assignment.roles][:MAX_UNREACHABLE_PER_RECORD],
-            updated_at=get_dht_time()))
+            updated_at=get_dht_time(), **(self._origin_fields() if worker else {})))  # with a worker, it holds state
 
 
 def _talks_to(assignment: Assignment, role: PeerRole, me: str) -> set[str]:
