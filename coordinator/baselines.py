@@ -1,4 +1,5 @@
-"""Plans the scheduler is compared with: random placement and the default (device-order) placement.
+"""Plans the scheduler is compared with: random placement, the default (device-order) placement, and on devices of
+mixed speeds the greedy one (fastest first).
 
 Both are deployed as they come, stages in index order and no matching, and priced by `cost_plan`, as the paper's
 random baseline is (docs/dtfm.md, The reference search). The paper's own search is in paper_ga.py.
@@ -10,7 +11,7 @@ import numpy as np
 from hetswarm.coordinator.cost_model import PaperCostModel
 from hetswarm.coordinator.plan import Plan, cost_plan
 
-__all__ = ["default_placement", "random_placement"]
+__all__ = ["default_placement", "greedy_placement", "random_placement"]
 
 
 def default_placement(model: PaperCostModel) -> Plan:
@@ -30,3 +31,10 @@ def random_placement(model: PaperCostModel, *, samples: int = 5000, seed: int = 
             best = plan
     assert best is not None
     return best
+
+
+def greedy_placement(paper: PaperCostModel, tflops: np.ndarray) -> Plan:
+    """Fastest devices first: stage s runs on the (s+1)-th block of D_DP devices by TFLOPS (ties by device id),
+    deployed as it comes, stages in block order, as the others are."""
+    order = sorted(range(paper.n_devices), key=lambda device: (-float(tflops[device]), device))
+    return cost_plan(paper, np.array(order).reshape(paper.d_pp, paper.d_dp))

@@ -6,7 +6,8 @@ where DataP is the slowest device's sharded all-reduce inside its group, and Pip
 the groups on the coarsened graph whose edge (j, k) is the bottleneck perfect matching between C_j and C_k.
 
 The search sees only the `CostEvaluator` protocol: a per-group term, a per-pair-of-groups term, and how the two
-combine. The live cost model (per-peer compute, micro-batch bubbles) plugs in by implementing the same three.
+combine. The live cost model (per-peer compute, micro-batch bubbles) plugs in by implementing the same three
+(coordinator/live_objective.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from hetswarm.protocol.units import BYTES_PER_GB
 if TYPE_CHECKING:  # the scheduler imports no pydantic (tests/test_import_doors.py)
     from hetswarm.protocol.wire_format import WireFormat
 
-__all__ = ["CostBreakdown", "CostEvaluator", "InvalidPlanShape", "PaperCostModel", "Payloads", "edge_time_s"]
+__all__ = ["CostBreakdown", "CostEvaluator", "InvalidPlanShape", "PaperCostModel", "Payloads", "edge_time_s",
+           "spanning_tree_weight"]
 
 
 
@@ -81,8 +83,11 @@ class CostEvaluator(Protocol):
     def group_key(self, group: np.ndarray) -> Hashable:
         """Equal keys promise equal group and pair terms (the search caches on them)."""
 
-    def group_time_s(self, group: np.ndarray) -> float:
-        """The term of one stage group on its own (paper: its all-reduce time)."""
+    def group_time_s(self, group: np.ndarray) -> float | np.ndarray:
+        """The term of one stage group on its own (paper: its all-reduce time), a number or a row of them."""
+
+    def group_bound_s(self, group_times_s: np.ndarray) -> float:
+        """A bound below any total with these group terms (whatever the links), to discard moves early."""
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         """(weight, smooth): the edge weight between two groups when they are adjacent stages (direction-free),
@@ -130,6 +135,10 @@ class PaperCostModel:
     def group_time_s(self, group: np.ndarray) -> float:
         return float(self.dp_edge_s[np.ix_(group, group)].sum(axis=1).max())
 
+    def group_bound_s(self, group_times_s: np.ndarray) -> float:
+        """DataP: the link terms are >= 0."""
+        return float(group_times_s.max())
+
     def group_times_s(self, groups: np.ndarray) -> np.ndarray:
         """(m,) all-reduce time of each of m groups given as an (m, d_dp) array of device ids."""
         block = self.dp_edge_s[groups[:, :, None], groups[:, None, :]]  # (m, d_dp, d_dp)
@@ -155,7 +164,7 @@ class PaperCostModel:
 
     def lower_bound_s(self, group_times_s: np.ndarray, link_times_s: np.ndarray) -> float:
         """DataP + 2·MST: a Hamiltonian path is a spanning tree, so no path is lighter than the minimum one."""
-        return float(group_times_s.max()) + 2 * _spanning_tree_weight(link_times_s)
+        return float(group_times_s.max()) + 2 * spanning_tree_weight(link_times_s)
 
     def evaluate(self, partition: np.ndarray) -> tuple[CostBreakdown, list[int]]:
         """Cost and best stage order of a (d_pp, d_dp) partition, computed from scratch (no caches)."""
@@ -178,8 +187,9 @@ class PaperCostModel:
         return partition
 
 
-def _spanning_tree_weight(weights: np.ndarray) -> float:
-    """Weight of a minimum spanning tree of a complete graph (Prim, one numpy step per node)."""
+def spanning_tree_weight(weights: np.ndarray) -> float:
+    """Weight of a minimum spanning tree of a complete graph (Prim, one numpy step per node): a bound below the
+    weight of any Hamiltonian path."""
     n = len(weights)
     in_tree = np.zeros(n, dtype=bool)
     in_tree[0] = True

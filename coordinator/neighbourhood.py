@@ -29,7 +29,7 @@ class Candidate:
     """(d_pp, d_dp) device ids; row j is stage group C_j (in no particular stage order)."""
     keys: list[Hashable]
     group_times_s: np.ndarray
-    """(d_pp,) group terms."""
+    """(d_pp,) group terms, or (d_pp, k) when the evaluator's group term is a row."""
     links_s: np.ndarray
     """(d_pp, d_pp) symmetric link matrix, zero diagonal."""
     smooth_s: np.ndarray
@@ -60,11 +60,11 @@ class CachedEvaluator:
     def __init__(self, evaluator: CostEvaluator) -> None:
         self.evaluator = evaluator
         self.evaluations = 0
-        self._groups: dict[Hashable, float] = {}
+        self._groups: dict[Hashable, float | np.ndarray] = {}
         self._links: dict[tuple[Hashable, Hashable], tuple[float, float]] = {}
         self._combined: dict[bytes, tuple[CostBreakdown, list[int]]] = {}
 
-    def group_time_s(self, key: Hashable, group: np.ndarray) -> float:
+    def group_time_s(self, key: Hashable, group: np.ndarray) -> float | np.ndarray:
         if (value := self._groups.get(key)) is None:
             value = self._groups[key] = self.evaluator.group_time_s(group)
         return value
@@ -119,7 +119,7 @@ class CachedEvaluator:
         for g in (a, b):
             keys[g] = self.evaluator.group_key(partition[g])
             times[g] = self.group_time_s(keys[g], partition[g])
-        if times.max() > base.cost_s + _TOLERANCE_S:  # the link terms are >= 0, so this move cannot win
+        if self.evaluator.group_bound_s(times) > base.cost_s + _TOLERANCE_S:  # this move cannot win
             return None
         links, smooth = base.links_s.copy(), base.smooth_s.copy()
         self._bounded_links(partition, links, (a, b))

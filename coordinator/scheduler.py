@@ -1,7 +1,8 @@
 """The scheduler's front door: a network and payloads in, a deployable plan out.
 
-It prices the network with the paper's cost model, seeds the search with plans that keep close devices together,
-runs the search within its budget, and deploys the best partition along its bottleneck matchings.
+It prices the network with the paper's cost model (or the live one, when it knows the devices' hardware), seeds the
+search with plans that keep close devices together (and, on mixed hardware, devices of one speed), runs the search
+within its budget, and deploys the best partition along its bottleneck matchings.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.live_objective import Hardware, LiveCostModel
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
@@ -32,14 +35,24 @@ def find_plan(
     d_pp: int,
     config: SearchConfig = SearchConfig(),
     progress: Callable[[SearchProgress], None] | None = None,
+    hardware: Hardware | None = None,
 ) -> ScheduleResult:
-    """Searches for the cheapest plan of D_DP × D_PP tasklets on `network` under the paper's cost model.
+    """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
+    the devices' `hardware`, under the live one (coordinator/live_objective.py). The plan's `breakdown` is its paper
+    cost either way; `predict_step_s` prices it live.
 
     Raises:
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
+        NoFeasiblePlan: a device of `hardware` has no TFLOPS.
     """
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
-    result = search(model, config, classes=network.twin_classes, seeds=seed_partitions(model), progress=progress)
+    seeds = seed_partitions(model)
+    if hardware is None:
+        result = search(model, config, classes=network.twin_classes, seeds=seeds, progress=progress)
+    else:
+        live = LiveCostModel(model, hardware)
+        seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
+        result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
     return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order), search=result)
 
 
