@@ -124,8 +124,12 @@ class PaperCostModel:
         latency, bandwidth = network.latency_ms, network.bandwidth_gbps
         # Sharded all-reduce: each device sends a 1/D_DP shard to every other member twice (reduce-scatter,
         # all-gather), one after another: 2·(alpha/1000 + 8·c_DP/(D_DP·beta)) per peer, summed (docs/dtfm.md).
-        self.dp_edge_s = 2 * edge_time_s(latency, bandwidth, payloads.dp_bytes / BYTES_PER_GB / d_dp)  # (N, N)
-        np.fill_diagonal(self.dp_edge_s, 0.0)
+        # Kept as its latency part and its part per GB of payload, for stages whose payloads differ.
+        self.dp_latency_s = 2 * edge_time_s(latency, bandwidth, 0.0)  # (N, N)
+        self.dp_s_per_gb = 2 * edge_time_s(np.zeros_like(latency), bandwidth, 1.0 / d_dp)  # (N, N)
+        for matrix in (self.dp_latency_s, self.dp_s_per_gb):
+            np.fill_diagonal(matrix, 0.0)
+        self.dp_edge_s = self.dp_latency_s + payloads.dp_bytes / BYTES_PER_GB * self.dp_s_per_gb  # (N, N)
         self.pp_edge_s = edge_time_s(latency, bandwidth, payloads.pp_bytes / BYTES_PER_GB)  # (N, N)
         self._classes = network.twin_classes
 
@@ -139,10 +143,18 @@ class PaperCostModel:
         """DataP: the link terms are >= 0."""
         return float(group_times_s.max())
 
-    def group_times_s(self, groups: np.ndarray) -> np.ndarray:
-        """(m,) all-reduce time of each of m groups given as an (m, d_dp) array of device ids."""
-        block = self.dp_edge_s[groups[:, :, None], groups[:, None, :]]  # (m, d_dp, d_dp)
-        return block.sum(axis=2).max(axis=1)
+    def group_times_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
+        """(m,) all-reduce time of each of m groups given as an (m, d_dp) array of device ids, at c_DP or at each
+        group's own payload `dp_bytes` (m,)."""
+        return self.member_times_s(groups, dp_bytes).max(axis=1)
+
+    def member_times_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
+        """(m, d_dp): each member's sum of sends in its group's all-reduce (`group_times_s` is the row max)."""
+        if dp_bytes is None:
+            return self.dp_edge_s[groups[:, :, None], groups[:, None, :]].sum(axis=2)
+        latency = self.dp_latency_s[groups[:, :, None], groups[:, None, :]].sum(axis=2)
+        per_gb = self.dp_s_per_gb[groups[:, :, None], groups[:, None, :]].sum(axis=2)
+        return latency + np.asarray(dp_bytes, dtype=float)[:, None] / BYTES_PER_GB * per_gb
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         block = self.pp_edge_s[np.ix_(group_a, group_b)]  # (d_dp, d_dp)

@@ -38,12 +38,15 @@ from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GIB
 
-__all__ = ["LiveBreakdown", "NoFeasiblePlan", "predict_step_s", "stage_compute_s", "stage_memory_bytes"]
+__all__ = ["Execution", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "predict_step_s", "stage_compute_s",
+           "stage_memory_bytes"]
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
 _ACTIVATION_BYTES_PER_TOKEN_PER_D = 34
 """Korthikanti et al. 2022, Sect. 4.1: 34·s·b·h + 5·a·s²·b bytes per layer with 16-bit activations."""
+_RECOMPUTE_FLOPS = 4 / 3
+"""Forward (2 of the 6 FLOPs per parameter and token) done twice."""
 
 
 class NoFeasiblePlan(HetswarmError):
@@ -76,15 +79,84 @@ class LiveBreakdown:
                 "commit_s": float(self.commit_s), "step_s": float(self.total_s)}
 
 
-def stage_memory_bytes(model: ModelConfig, *, d_pp: int, d_dp: int) -> list[float]:
-    """Bytes a peer needs to train each stage: parameters with optimizer state, plus GPipe's stored activations."""
-    tokens = model.batch_tokens / d_dp  # one pipeline's share of the step, all micro-batches kept
-    per_layer = tokens * (_ACTIVATION_BYTES_PER_TOKEN_PER_D * model.d_model + 5 * model.n_heads * model.seq_len)
-    return [params * OPTIMIZER_BYTES_PER_PARAM + (b - a) * per_layer
-            for params, (a, b) in zip(model.stage_params(d_pp), model.stage_layers(d_pp))]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Execution:
+    """How a plan runs its stages (the Assignment carries it): the layers of each, the micro-batches each pipeline
+    splits a step into, and whether the stages recompute their activations in the backward pass instead of keeping
+    them (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": each layer keeps only its input)."""
+
+    layer_counts: tuple[int, ...]
+    """Layers of each stage, in stage order."""
+    micro_batches: int
+    recompute: bool = False
+
+    @classmethod
+    def even(cls, model: ModelConfig, d_pp: int, *, micro_batches: int | None = None,
+             recompute: bool = False) -> Execution:
+        """The model's own cut (ModelConfig.stage_layers) and micro-batch count."""
+        return cls(layer_counts=tuple(b - a for a, b in model.stage_layers(d_pp)),
+                   micro_batches=micro_batches or model.micro_batches, recompute=recompute)
+
+    @property
+    def stage_layers(self) -> list[tuple[int, int]]:
+        """Layer range [a, b) of each stage."""
+        ends = np.cumsum(self.layer_counts).tolist()
+        return [(end - count, end) for end, count in zip(ends, self.layer_counts)]
+
+    def describe(self) -> str:
+        return (f"layers {'/'.join(map(str, self.layer_counts))}, {self.micro_batches} micro-batches"
+                f"{', recomputing activations' if self.recompute else ''}")
 
 
-def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray) -> np.ndarray:
+class StageCosts:
+    """What a stage of l layers at stage position s needs, for every l in 0..n_layers: tables of shape
+    (d_pp, n_layers + 1), so that any cut of the model is priced by indexing (the search tries many)."""
+
+    def __init__(self, model: ModelConfig, *, d_pp: int, d_dp: int, micro_batches: int, recompute: bool,
+                 dp_bytes_per_value: float | None = None) -> None:
+        layers = np.arange(model.n_layers + 1)
+        tokens = model.batch_tokens / d_dp  # one pipeline's share of the step
+
+        def table(quantity) -> np.ndarray:
+            return np.array([[quantity(int(count), first=s == 0, last=s == d_pp - 1) for count in layers]
+                             for s in range(d_pp)], dtype=float)
+
+        params = table(model.params_of)
+        full = _ACTIVATION_BYTES_PER_TOKEN_PER_D * model.d_model + 5 * model.n_heads * model.seq_len  # per layer
+        if recompute:  # every micro-batch's layer inputs, and one layer of one micro-batch rebuilt at a time
+            kept = tokens * layers * model.d_model * model.activation_bytes_per_value
+            activations = kept + np.where(layers > 0, tokens / micro_batches * full, 0.0)
+        else:  # GPipe keeps every activation of every micro-batch until the backward pass
+            activations = tokens * layers * full
+        self.memory_bytes = params * OPTIMIZER_BYTES_PER_PARAM + activations[None, :]
+        """Parameters with optimizer state, plus stored activations (Korthikanti et al. 2022, Sect. 4.1)."""
+        self.flops = table(model.flops_per_token_of) * tokens * (_RECOMPUTE_FLOPS if recompute else 1.0)
+        """Per step and pipeline; recomputation runs the forward pass twice."""
+        self.dp_bytes = table(lambda count, **where: model.dp_payload_bytes_of(
+            count, bytes_per_value=dp_bytes_per_value, **where))
+        self.micro_batches = micro_batches
+
+    @classmethod
+    def of(cls, model: ModelConfig, execution: Execution, *, d_dp: int,
+           dp_bytes_per_value: float | None = None) -> StageCosts:
+        return cls(model, d_pp=len(execution.layer_counts), d_dp=d_dp, micro_batches=execution.micro_batches,
+                   recompute=execution.recompute, dp_bytes_per_value=dp_bytes_per_value)
+
+    def at(self, table: np.ndarray, layer_counts: tuple[int, ...]) -> np.ndarray:
+        """(d_pp,) the entries of `table` for a cut."""
+        return table[np.arange(len(layer_counts)), list(layer_counts)]
+
+
+def stage_memory_bytes(model: ModelConfig, *, d_pp: int, d_dp: int, execution: Execution | None = None
+                       ) -> list[float]:
+    """Bytes a peer needs to train each stage: parameters with optimizer state, plus stored activations."""
+    execution = execution or Execution.even(model, d_pp)
+    costs = StageCosts.of(model, execution, d_dp=d_dp)
+    return costs.at(costs.memory_bytes, execution.layer_counts).tolist()
+
+
+def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray, execution: Execution | None = None
+                    ) -> np.ndarray:
     """(d_pp,) seconds each stage computes per step, set by its slowest replica.
 
     Args:
@@ -92,39 +164,43 @@ def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray) ->
         tflops: (N,) measured TFLOPS of every device.
     """
     d_pp, d_dp = grid.shape
-    flops = np.asarray(model.stage_flops_per_token(d_pp)) * model.batch_tokens / d_dp  # (d_pp,) per pipeline
+    execution = execution or Execution.even(model, d_pp)
+    costs = StageCosts.of(model, execution, d_dp=d_dp)
     slowest = tflops[grid].min(axis=1)  # (d_pp,)
     if (slowest <= 0).any():
         raise NoFeasiblePlan(f"stage {int(np.argmin(slowest))} has a device with no measured TFLOPS")
-    return flops / (slowest * 1e12)
+    return costs.at(costs.flops, execution.layer_counts) / (slowest * 1e12)
 
 
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
-                   latency_ms: np.ndarray | None = None) -> LiveBreakdown:
-    """The live model's step time of a deployed plan (module docstring); `plan.breakdown` is its paper cost.
+                   latency_ms: np.ndarray | None = None, execution: Execution | None = None) -> LiveBreakdown:
+    """The live model's step time of a deployed plan (module docstring); `plan.breakdown` is its paper cost (for
+    an uneven cut, priced with each stage's own payload: `cost_plan`'s `stage_dp_bytes`).
 
     Args:
         tflops, memory_gib: (N,) per device, indexed like the plan's grid.
         latency_ms: (N, N) measured latencies, for the commit vote; None leaves it out (a plan priced for the
             paper's comparisons).
+        execution: the plan's cut, micro-batches and recomputation; None: the model's even cut and micro-batches.
 
     Raises:
         NoFeasiblePlan: a stage is placed on a device whose memory cannot hold it.
     """
     grid = plan.grid
     d_pp, d_dp = grid.shape
-    need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp)) / BYTES_PER_GIB  # (d_pp,)
+    execution = execution or Execution.even(model, d_pp)
+    need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=execution)) / BYTES_PER_GIB
     short = np.asarray(memory_gib)[grid] < need_gib[:, None]  # (d_pp, d_dp)
     if short.any():
         stage, replica = np.argwhere(short)[0]
         raise NoFeasiblePlan(f"stage {stage} needs {need_gib[stage]:.2f} GiB but device {grid[stage, replica]} has "
                              f"{memory_gib[grid[stage, replica]]:.2f} GiB")
-    compute = stage_compute_s(model, grid, np.asarray(tflops, dtype=float))
+    compute = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
     return LiveBreakdown(
         data_parallel_s=plan.breakdown.data_parallel_s,
         pipeline_parallel_s=plan.breakdown.pipeline_parallel_s,
         compute_s=float(compute.max()),
-        bubble_s=float((compute.sum() - compute.max()) / model.micro_batches),
+        bubble_s=float((compute.sum() - compute.max()) / execution.micro_batches),
         commit_s=0.0 if latency_ms is None else float(np.asarray(latency_ms)[np.ix_(grid.ravel(), grid.ravel())].max())
         / 1000,
     )

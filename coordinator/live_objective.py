@@ -19,6 +19,7 @@ Devices are interchangeable for the search only if they are network twins with t
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -26,17 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetswarm.coordinator.cost_model import PaperCostModel, spanning_tree_weight
-from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, stage_memory_bytes
+from hetswarm.coordinator.live_cost import Execution, LiveBreakdown, NoFeasiblePlan, StageCosts
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.units import BYTES_PER_GIB
+from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 
-__all__ = ["EXACT_ORDER_MAX_STAGES", "Hardware", "LiveCost", "LiveCostModel", "PENALTY_S_PER_GIB"]
+__all__ = ["EXACT_ORDER_MAX_STAGES", "Hardware", "LiveCost", "LiveCostModel", "PENALTY_S_PER_GIB",
+           "execution_options"]
 
 PENALTY_S_PER_GIB = 1e4
 """Seconds added per GiB a stage lacks: more than any feasible step, so a plan that fits always wins."""
-EXACT_ORDER_MAX_STAGES = 6
-"""Up to this many stages `combine` tries every stage order (720 at most, one numpy pass)."""
+EXACT_ORDER_MAX_STAGES = 4
+"""Up to this many stages `combine` tries every stage order (24 at most)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,6 +57,8 @@ class LiveCost:
     """A partition's live step time and how far it is from fitting; `total_s` is what the search minimises."""
 
     live: LiveBreakdown
+    layer_counts: tuple[int, ...]
+    """The cut priced, in stage order."""
     short_gib: float = 0.0
     """GiB the stages lack on their smallest devices, summed; 0 for a plan that fits."""
 
@@ -64,25 +68,33 @@ class LiveCost:
 
 
 class LiveCostModel:
-    """The live step time of a partition (module docstring), as a `CostEvaluator` over a paper model's links."""
+    """The live step time of a partition (module docstring), as a `CostEvaluator` over a paper model's links.
 
-    def __init__(self, paper: PaperCostModel, hardware: Hardware) -> None:
+    Args:
+        micro_batches, recompute: how the stages run (live_cost.Execution); micro_batches None: the model's.
+        balanced: cut the layers for each placement (`balanced_cut`); else the model's even cut.
+    """
+
+    def __init__(self, paper: PaperCostModel, hardware: Hardware, *, micro_batches: int | None = None,
+                 recompute: bool = False, balanced: bool = False) -> None:
         tflops, memory = np.asarray(hardware.tflops, dtype=float), np.asarray(hardware.memory_gib, dtype=float)
         if tflops.shape != (paper.n_devices,) or memory.shape != (paper.n_devices,):
             raise ValueError(f"need TFLOPS and memory for each of {paper.n_devices} devices, got {tflops.shape} and "
                              f"{memory.shape}")
         if (tflops <= 0).any():
             raise NoFeasiblePlan(f"device {int(np.argmin(tflops))} has no measured TFLOPS")
-        self.paper, self.tflops, self.memory_gib = paper, tflops, memory
+        self.paper, self.tflops, self.memory_gib, self.balanced = paper, tflops, memory, balanced
         self.d_dp, self.d_pp, self.n_devices = paper.d_dp, paper.d_pp, paper.n_devices
         model = hardware.model
-        flops = np.asarray(model.stage_flops_per_token(self.d_pp)) * model.batch_tokens / self.d_dp  # (d_pp,)
-        self.flops_ratio = flops / flops.min()  # (d_pp,) stage s takes this many times the lightest stage
-        self.floor_flops = float(flops.min())
-        self.need_gib = np.asarray(stage_memory_bytes(model, d_pp=self.d_pp, d_dp=self.d_dp)) / BYTES_PER_GIB
-        self.micro_batches = model.micro_batches
-        latency = paper.network.latency_ms
-        self.commit_s = float(latency.max()) / 1000  # every device is placed: the farthest pair votes last
+        self.even = Execution.even(model, self.d_pp, micro_batches=micro_batches, recompute=recompute)
+        costs = StageCosts.of(model, self.even, d_dp=self.d_dp)
+        self.micro_batches, self.recompute = self.even.micro_batches, recompute
+        self.flops = costs.flops  # (d_pp, L + 1)
+        self.need_gib = costs.memory_bytes / BYTES_PER_GIB  # (d_pp, L + 1)
+        wire_scale = paper.payloads.dp_bytes / model.dp_payload_bytes(self.d_pp)  # the wire's bytes per value
+        self.dp_gb = costs.dp_bytes * wire_scale / BYTES_PER_GB  # (d_pp, L + 1)
+        self.total_flops = float(costs.at(costs.flops, self.even.layer_counts).sum())  # the same for any cut
+        self.commit_s = float(paper.network.latency_ms.max()) / 1000  # every device is placed: the farthest pair
         hardware_class = np.unique(np.stack([paper.network.twin_classes, tflops, memory], axis=1), axis=0,
                                    return_inverse=True)[1]
         self.classes = np.asarray(hardware_class).reshape(-1)
@@ -90,17 +102,29 @@ class LiveCostModel:
         self._orders = np.array(list(itertools.permutations(range(self.d_pp)))) \
             if self.d_pp <= EXACT_ORDER_MAX_STAGES else None
 
+    def execution(self, cost: LiveCost) -> Execution:
+        """How a plan the search found runs."""
+        return Execution(layer_counts=cost.layer_counts, micro_batches=self.micro_batches, recompute=self.recompute)
+
     def group_key(self, group: np.ndarray) -> Hashable:
         return np.sort(self.classes[group]).tobytes()
 
     def group_time_s(self, group: np.ndarray) -> np.ndarray:
-        """(3,): all-reduce seconds, compute floor seconds, smallest memory GiB (module docstring)."""
-        floor_s = self.floor_flops / (self.tflops[group].min() * 1e12)
-        return np.array([self.paper.group_time_s(group), floor_s, self.memory_gib[group].min()])
+        """(2 + 2·D_DP,): seconds per FLOP of its slowest device, its smallest memory (GiB), and each member's
+        all-reduce sends as a latency part and a part per GB of payload (PaperCostModel.member_times_s)."""
+        block = np.ix_(group, group)
+        return np.concatenate([[1 / (self.tflops[group].min() * 1e12), self.memory_gib[group].min()],
+                               self.paper.dp_latency_s[block].sum(axis=1), self.paper.dp_s_per_gb[block].sum(axis=1)])
 
     def group_bound_s(self, group_times_s: np.ndarray) -> float:
-        """DataP + the slowest group's compute floor + the vote: below any total with these groups."""
-        return float(group_times_s[:, 0].max() + group_times_s[:, 1].max() + self.commit_s)
+        """The latency part of DataP, the compute no cut can beat, and the vote: below any total."""
+        s_per_flop = group_times_s[:, 0]
+        if self.balanced:  # the slowest stage takes at least the average: total work over total speed
+            compute = self.total_flops / (1 / s_per_flop).sum()
+        else:  # each group takes at least the lightest stage of the even cut
+            compute = float(self.flops[np.arange(self.d_pp), list(self.even.layer_counts)].min() * s_per_flop.max())
+        latency = group_times_s[:, 2:2 + self.d_dp].max()
+        return float(latency + compute + self.commit_s)
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         return self.paper.link_terms_s(group_a, group_b)
@@ -114,26 +138,67 @@ class LiveCostModel:
         else:
             _, path = shortest_path(link_times_s)
             orders = np.array([path, path[::-1]])
-        totals, parts = self._priced_orders(group_times_s, link_times_s, orders)
+        if self.balanced:
+            counts = np.array([self.balanced_cut(group_times_s[order]) for order in orders])
+        else:
+            counts = np.tile(self.even.layer_counts, (len(orders), 1))
+        totals, parts = self._priced(group_times_s, link_times_s, orders, counts)
         best = int(np.argmin(totals))
         data_s, pipe_s, compute_s, bubble_s, short_gib = (float(part[best]) for part in parts)
         live = LiveBreakdown(data_parallel_s=data_s, pipeline_parallel_s=pipe_s, compute_s=compute_s,
                              bubble_s=bubble_s, commit_s=self.commit_s)
-        return LiveCost(live=live, short_gib=short_gib), [int(g) for g in orders[best]]
+        return (LiveCost(live=live, layer_counts=tuple(int(c) for c in counts[best]), short_gib=short_gib),
+                [int(g) for g in orders[best]])
 
     def lower_bound_s(self, group_times_s: np.ndarray, link_times_s: np.ndarray) -> float:
         """`group_bound_s` + 2·MST: no stage order's path is lighter than a minimum spanning tree."""
         return self.group_bound_s(group_times_s) + 2 * spanning_tree_weight(link_times_s)
 
-    def _priced_orders(self, group_times_s: np.ndarray, link_times_s: np.ndarray, orders: np.ndarray
-                       ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """(P,) totals of P stage orders (P, d_pp), and their terms (data, pipe, compute, bubble, short GiB)."""
-        data = np.full(len(orders), group_times_s[:, 0].max())
+    def balanced_cut(self, stage_rows: np.ndarray) -> tuple[int, ...]:
+        """Layers per stage for groups in stage order (their `group_time_s` rows), each stage at least one: the cut
+        with the smallest largest stage time, compute plus its all-reduce, within every group's memory. Adding
+        layers one at a time to the stage that stays fastest is optimal for that, since every stage's time grows
+        with its layers. The even cut when no cut fits."""
+        d_pp, n_layers = self.d_pp, self.flops.shape[1] - 1
+        stages = np.arange(d_pp)
+        s_per_flop, memory = stage_rows[:, 0], stage_rows[:, 1]
+        latency, per_gb = stage_rows[:, 2:2 + self.d_dp], stage_rows[:, 2 + self.d_dp:]
+        allreduce = (latency[:, None, :] + self.dp_gb[:, :, None] * per_gb[:, None, :]).max(axis=2)  # (d_pp, L+1)
+        time_s = self.flops * s_per_flop[:, None] + allreduce  # (d_pp, L + 1), increasing in the layers
+        cap = (self.need_gib <= memory[:, None]).sum(axis=1) - 1  # most layers each stage's group can hold
+        if (cap < 1).any() or cap.sum() < n_layers:
+            return self.even.layer_counts
+        counts = np.ones(d_pp, dtype=int)
+        growing = [(time_s[s, 2], int(s)) for s in stages if cap[s] > 1]
+        heapq.heapify(growing)
+        for _ in range(n_layers - d_pp):
+            _, stage = heapq.heappop(growing)
+            counts[stage] += 1
+            if counts[stage] < cap[stage]:
+                heapq.heappush(growing, (time_s[stage, counts[stage] + 1], stage))
+        return tuple(int(c) for c in counts)
+
+    def _priced(self, group_times_s: np.ndarray, link_times_s: np.ndarray, orders: np.ndarray, counts: np.ndarray
+                ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """(P,) totals of P stage orders (P, d_pp) with their cuts (P, d_pp), and the terms (data, pipe, compute,
+        bubble, short GiB)."""
+        stages = np.arange(self.d_pp)[None, :]
+        rows = group_times_s[orders]  # (P, d_pp, 2 + 2·D_DP)
+        stage_s = self.flops[stages, counts] * rows[:, :, 0]  # (P, d_pp)
+        short = np.maximum(self.need_gib[stages, counts] - rows[:, :, 1], 0.0).sum(axis=1)
+        payload_gb = self.dp_gb[stages, counts]  # (P, d_pp)
+        allreduce = (rows[:, :, 2:2 + self.d_dp] + payload_gb[:, :, None] * rows[:, :, 2 + self.d_dp:]).max(axis=2)
+        data = allreduce.max(axis=1)
         pipe = 2 * link_times_s[orders[:, :-1], orders[:, 1:]].sum(axis=1)
-        stage_s = group_times_s[orders, 1] * self.flops_ratio  # (P, d_pp)
         compute = stage_s.max(axis=1)
         bubble = (stage_s.sum(axis=1) - compute) / self.micro_batches
-        short = np.maximum(self.need_gib - group_times_s[orders, 2], 0.0).sum(axis=1)
         totals = data + pipe + compute + bubble + self.commit_s + PENALTY_S_PER_GIB * short
         return totals, (data, pipe, compute, bubble, short)
 
+
+def execution_options(model: ModelConfig, d_dp: int) -> list[tuple[int, bool]]:
+    """(micro-batches, recompute) to try, least change first: the model's own; recomputation; then more
+    micro-batches, which shrink the one micro-batch recomputation rebuilds at a time (up to one sequence each)."""
+    sequences = max(1, int(model.batch_tokens / d_dp / model.seq_len))
+    counts = dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)), sequences])
+    return [(model.micro_batches, False)] + [(count, True) for count in counts if count >= model.micro_batches]

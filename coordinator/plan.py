@@ -76,13 +76,16 @@ class Plan:
         }
 
 
-def cost_plan(model: PaperCostModel, grid: np.ndarray) -> Plan:
+def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarray | None = None) -> Plan:
     """Prices a grid as deployed: DataP over its rows, and each stage boundary at its slowest pipeline hop.
 
     No re-matching and no re-ordering happens here: a baseline is charged for the pipelines it actually builds.
+
+    Args:
+        stage_dp_bytes: (d_pp,) each stage's all-reduce payload, for stages cut unevenly; None: c_DP for all.
     """
     grid = model.checked_partition(grid)
-    group_sums = model.dp_edge_s[grid[:, :, None], grid[:, None, :]].sum(axis=2)  # (d_pp, d_dp)
+    group_sums = model.member_times_s(grid, stage_dp_bytes)  # (d_pp, d_dp)
     stage, replica = np.unravel_index(np.argmax(group_sums), group_sums.shape)
     hops = model.pp_edge_s[grid[:-1], grid[1:]]  # (d_pp - 1, d_dp): stage s → s+1 of pipeline r
     bottleneck = None
@@ -107,12 +110,14 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray) -> Plan:
     )
 
 
-def plan_from_partition(model: PaperCostModel, partition: np.ndarray, order: list[int]) -> Plan:
+def plan_from_partition(model: PaperCostModel, partition: np.ndarray, order: list[int],
+                        stage_dp_bytes: np.ndarray | None = None) -> Plan:
     """Deploys a partition along a stage order: pipeline r follows the bottleneck matchings from stage to stage.
 
     Args:
         partition: (d_pp, d_dp) stage groups, in any row order.
         order: order[s] is the row of `partition` that runs stage s (the open-path TSP's answer).
+        stage_dp_bytes: (d_pp,) each stage's all-reduce payload (`cost_plan`).
     """
     partition = model.checked_partition(partition)
     if sorted(order) != list(range(len(partition))):
@@ -123,4 +128,4 @@ def plan_from_partition(model: PaperCostModel, partition: np.ndarray, order: lis
         group = partition[order[stage]]
         _, assignment = model.link_matching(grid[stage - 1], group)  # grid[stage-1][r] feeds group[assignment[r]]
         grid[stage] = group[assignment]
-    return cost_plan(model, grid)
+    return cost_plan(model, grid, stage_dp_bytes)

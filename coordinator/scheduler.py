@@ -13,10 +13,12 @@ import numpy as np
 
 from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_objective import Hardware, LiveCostModel
+from hetswarm.coordinator.live_cost import Execution
+from hetswarm.coordinator.live_objective import Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
+from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["ScheduleResult", "find_plan", "seed_partitions"]
 
@@ -25,6 +27,8 @@ __all__ = ["ScheduleResult", "find_plan", "seed_partitions"]
 class ScheduleResult:
     plan: Plan
     search: SearchResult
+    execution: Execution | None = None
+    """With the live objective: the plan's cut, micro-batches and recomputation (live_cost.Execution)."""
 
 
 def find_plan(
@@ -36,10 +40,13 @@ def find_plan(
     config: SearchConfig = SearchConfig(),
     progress: Callable[[SearchProgress], None] | None = None,
     hardware: Hardware | None = None,
+    balanced: bool = True,
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
-    the devices' `hardware`, under the live one (coordinator/live_objective.py). The plan's `breakdown` is its paper
-    cost either way; `predict_step_s` prices it live.
+    the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
+    placement (`balanced`) or evenly, and the first way of running the stages that fits the devices' memory
+    (`execution_options`; a search each, while none fits). The plan's `breakdown` is its paper cost, with each
+    stage's own payload; `predict_step_s` with the result's execution prices it live.
 
     Raises:
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
@@ -49,11 +56,18 @@ def find_plan(
     seeds = seed_partitions(model)
     if hardware is None:
         result = search(model, config, classes=network.twin_classes, seeds=seeds, progress=progress)
-    else:
-        live = LiveCostModel(model, hardware)
-        seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
+        return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order),
+                              search=result)
+    seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
+    for micro_batches, recompute in execution_options(hardware.model, d_dp):
+        live = LiveCostModel(model, hardware, micro_batches=micro_batches, recompute=recompute, balanced=balanced)
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
-    return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order), search=result)
+        if result.best.breakdown.short_gib == 0:
+            break
+    execution = live.execution(result.best.breakdown)
+    stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
+    plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes)
+    return ScheduleResult(plan=plan, search=result, execution=execution)
 
 
 def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:

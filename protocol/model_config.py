@@ -94,20 +94,32 @@ class ModelConfig:
         return bounds
 
     def stage_params(self, d_pp: int) -> list[int]:
-        """Parameters held by each stage (embedding on the first, head on the last)."""
-        counts = [(b - a) * self.params_per_layer for a, b in self.stage_layers(d_pp)]
-        counts[0] += self.embedding_params
-        counts[-1] += self.head_params
-        return counts
+        """Parameters held by each stage of the even cut (embedding on the first, head on the last)."""
+        return [self.params_of(b - a, first=s == 0, last=s == d_pp - 1)
+                for s, (a, b) in enumerate(self.stage_layers(d_pp))]
+
+    def params_of(self, layers: int, *, first: bool, last: bool) -> int:
+        """Parameters of a stage of `layers` layers, with the embedding if it is the first, the head if the last."""
+        return layers * self.params_per_layer + self.embedding_params * first + self.head_params * last
+
+    def flops_per_token_of(self, layers: int, *, first: bool, last: bool) -> float:
+        """Forward+backward FLOPs per token of such a stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""
+        return 6.0 * self.params_of(layers, first=first, last=last) + layers * 12 * self.seq_len * self.d_model
+
+    def dp_payload_bytes_of(self, layers: int, *, first: bool, last: bool, bytes_per_value: float | None = None
+                            ) -> float:
+        """Gradient bytes such a stage's group all-reduces per step, at `bytes_per_value` (the wire's,
+        protocol/wire_format.py) or else this config's `grad_bytes_per_param`."""
+        width = self.grad_bytes_per_param if bytes_per_value is None else bytes_per_value
+        if self.payload_accounting == "dtfm-reference":  # 1.3e9 · 4 B · 3/24 = 0.65 GB for GPT-3 XL on 8 stages
+            return float(self.nominal_params * width * layers / self.n_layers)
+        return float(self.params_of(layers, first=first, last=last) * width)
 
     def dp_payload_bytes(self, d_pp: int, bytes_per_value: float | None = None) -> float:
         """Gradient bytes one stage group all-reduces per step (the largest stage: c_DP), at `bytes_per_value`
         (the wire's, protocol/wire_format.py) or else this config's `grad_bytes_per_param`."""
-        width = self.grad_bytes_per_param if bytes_per_value is None else bytes_per_value
-        if self.payload_accounting == "dtfm-reference":  # 1.3e9 · 4 B · 3/24 = 0.65 GB for GPT-3 XL on 8 stages
-            largest_stage_layers = max(b - a for a, b in self.stage_layers(d_pp))
-            return float(self.nominal_params * width * largest_stage_layers / self.n_layers)
-        return float(max(self.stage_params(d_pp)) * width)
+        return max(self.dp_payload_bytes_of(b - a, first=s == 0, last=s == d_pp - 1, bytes_per_value=bytes_per_value)
+                   for s, (a, b) in enumerate(self.stage_layers(d_pp)))
 
     def pp_payload_bytes(self, d_dp: int, bytes_per_value: float | None = None) -> float:
         """Activation bytes one pipeline sends across one stage boundary per step (c_PP), at `bytes_per_value` or
@@ -125,12 +137,9 @@ class ModelConfig:
         return step % self.data_period if self.data_period else step
 
     def stage_flops_per_token(self, d_pp: int) -> list[float]:
-        """Forward+backward FLOPs per token of each stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""
-        attention = 12 * self.seq_len * self.d_model
-        flops = []
-        for (a, b), params in zip(self.stage_layers(d_pp), self.stage_params(d_pp)):
-            flops.append(6.0 * params + (b - a) * attention)
-        return flops
+        """Forward+backward FLOPs per token of each stage of the even cut (`flops_per_token_of`)."""
+        return [self.flops_per_token_of(b - a, first=s == 0, last=s == d_pp - 1)
+                for s, (a, b) in enumerate(self.stage_layers(d_pp))]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

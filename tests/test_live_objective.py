@@ -1,6 +1,7 @@
 """The live cost model as the search's objective (coordinator/live_objective.py), checked against brute force: on
-small random swarms of mixed speed and memory, the search finds the partition and stage order that the live model
-itself (`predict_step_s` of the deployed plan) prices lowest among all of them, and its cost is that price."""
+small random swarms of mixed speed and memory, the search finds the partition, stage order and cut of the layers
+that the live model itself (`predict_step_s` of the deployed plan) prices lowest among all of them, under the first
+way of running the stages that fits, and its cost is that price."""
 from __future__ import annotations
 
 import itertools
@@ -11,15 +12,15 @@ import pytest
 
 from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel
+from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.neighbourhood import CachedEvaluator
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import plan_from_partition
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
-from hetswarm.protocol.units import BYTES_PER_GIB
+from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 
 MODEL = replace(get_model_config("small"), batch_tokens=64 * 256)
 
@@ -53,47 +54,99 @@ def partitions(devices: tuple[int, ...], size: int):
             yield [[first, *others], *tail]
 
 
-def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray) -> float:
-    """The lowest live step time over every partition and stage order, as deployed; inf when nothing fits."""
-    best = np.inf
-    for groups in partitions(tuple(range(paper.n_devices)), paper.d_dp):
-        for order in itertools.permutations(range(paper.d_pp)):
-            plan = plan_from_partition(paper, np.array(groups), list(order))
-            try:
-                best = min(best, predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory,
-                                                latency_ms=paper.network.latency_ms).total_s)
-            except NoFeasiblePlan:
-                continue
-    return best
+def compositions(total: int, parts: int):
+    """Every cut of `total` layers into `parts` stages of at least one."""
+    for bounds in itertools.combinations(range(1, total), parts - 1):
+        edges = (0, *bounds, total)
+        yield tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
+                ) -> tuple[float, Execution | None]:
+    """The lowest live step time over every partition, stage order and (with `balanced`) cut, as deployed, under
+    the first way of running the stages (`execution_options`) that lets anything fit; (inf, None) when none does."""
+    for micro_batches, recompute in execution_options(MODEL, paper.d_dp):
+        even = Execution.even(MODEL, paper.d_pp, micro_batches=micro_batches, recompute=recompute)
+        cuts = compositions(MODEL.n_layers, paper.d_pp) if balanced else [even.layer_counts]
+        executions = [replace(even, layer_counts=cut) for cut in cuts]
+        best, best_execution = np.inf, None
+        for execution in executions:
+            stage_dp_bytes = [MODEL.dp_payload_bytes_of(count, first=s == 0, last=s == paper.d_pp - 1)
+                              for s, count in enumerate(execution.layer_counts)]
+            for groups in partitions(tuple(range(paper.n_devices)), paper.d_dp):
+                for order in itertools.permutations(range(paper.d_pp)):
+                    plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes))
+                    try:
+                        step_s = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, execution=execution,
+                                                latency_ms=paper.network.latency_ms).total_s
+                    except NoFeasiblePlan:
+                        continue
+                    if step_s < best:
+                        best, best_execution = step_s, execution
+        if best_execution is not None:
+            return best, best_execution
+    return np.inf, None
+
+
+def live_plan(network: Network, tflops: np.ndarray, memory: np.ndarray, *, d_dp: int, d_pp: int, balanced: bool,
+              seed: int = 0):
+    payloads = Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp)
+    hardware = Hardware(model=MODEL, tflops=tflops, memory_gib=memory)
+    return find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=SearchConfig(seed=seed), hardware=hardware,
+                     balanced=balanced)
+
+
+CASES = [(0, 2, 4, 0.3), (1, 4, 2, 0.3), (2, 2, 3, 0.3), (3, 3, 2, 0.5), (4, 2, 4, 0.0), (5, 2, 2, 1.0)]
+
+
+@pytest.mark.parametrize("seed, d_dp, d_pp, small_share", CASES)
+def test_with_the_even_cut_the_search_finds_the_brute_force_optimum(seed, d_dp, d_pp, small_share):
+    network, tflops, memory = swarm(seed, d_dp, d_pp, small_share=small_share)
+    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
+    optimum, execution = brute_force(paper, tflops, memory, balanced=False)
+    result = live_plan(network, tflops, memory, d_dp=d_dp, d_pp=d_pp, balanced=False, seed=seed)
+    if execution is None:  # nothing fits in any way: the search says by how much its plan misses
+        assert result.search.best.cost_s >= PENALTY_S_PER_GIB * result.search.best.breakdown.short_gib > 0
+        return
+    assert result.execution == execution
+    found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
+                           execution=result.execution)
+    assert found.total_s == pytest.approx(optimum, rel=1e-9)
+    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)  # what it optimised is the price
 
 
 @pytest.mark.parametrize("seed, d_dp, d_pp, small_share",
-                         [(0, 2, 4, 0.3), (1, 4, 2, 0.3), (2, 2, 3, 0.3), (3, 3, 2, 0.5), (4, 2, 4, 0.0), (5, 2, 2, 1.0)])
-def test_the_search_finds_the_brute_force_optimum_of_the_live_model(seed, d_dp, d_pp, small_share):
+                         [(2, 2, 3, 0.3), (3, 3, 2, 0.5), (5, 2, 2, 1.0), (10, 2, 3, 0.3), (13, 4, 2, 0.0)])
+def test_with_cuts_chosen_per_placement_the_search_finds_the_brute_force_optimum(seed, d_dp, d_pp, small_share):
+    """The brute force tries every cut of the 8 layers too; the search cuts each placement it prices
+    (`LiveCostModel.balanced_cut`). Slow groups get fewer layers: far below the even cut's optimum."""
     network, tflops, memory = swarm(seed, d_dp, d_pp, small_share=small_share)
-    payloads = Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp)
-    paper = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
-    optimum = brute_force(paper, tflops, memory)
-    hardware = Hardware(model=MODEL, tflops=tflops, memory_gib=memory)
-    result = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=SearchConfig(seed=seed), hardware=hardware)
-    if np.isinf(optimum):  # nothing fits: the search says by how much its plan misses
-        assert result.search.best.cost_s >= PENALTY_S_PER_GIB * result.search.best.breakdown.short_gib > 0
-        return
-    found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms)
+    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
+    optimum, execution = brute_force(paper, tflops, memory, balanced=True)
+    result = live_plan(network, tflops, memory, d_dp=d_dp, d_pp=d_pp, balanced=True, seed=seed)
+    found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
+                           execution=result.execution)
     assert found.total_s == pytest.approx(optimum, rel=1e-9)
-    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)  # what it optimised is the price
+    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
+    assert (result.execution.micro_batches, result.execution.recompute) == (execution.micro_batches,
+                                                                            execution.recompute)
 
 
 def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deployment():
     network, tflops, memory = swarm(7, 2, 4, small_share=0.0)  # all fit: predict_step_s refuses plans that do not
     paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=4), d_dp=2, d_pp=4)
-    cached = CachedEvaluator(LiveCostModel(paper, Hardware(model=MODEL, tflops=tflops, memory_gib=memory)))
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        candidate = cached.candidate(rng.permutation(8).reshape(4, 2))
-        plan = plan_from_partition(paper, candidate.partition, candidate.order)
-        live = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms)
-        assert candidate.cost_s == pytest.approx(live.total_s, rel=1e-9)
+    for balanced in (False, True):
+        live = LiveCostModel(paper, Hardware(model=MODEL, tflops=tflops, memory_gib=memory), balanced=balanced)
+        cached = CachedEvaluator(live)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            candidate = cached.candidate(rng.permutation(8).reshape(4, 2))
+            execution = live.execution(candidate.breakdown)
+            stage_dp_bytes = live.dp_gb[np.arange(4), list(execution.layer_counts)] * BYTES_PER_GB
+            plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes)
+            priced = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
+                                    execution=execution)
+            assert candidate.cost_s == pytest.approx(priced.total_s, rel=1e-9)
 
 
 def test_a_stage_that_does_not_fit_is_priced_by_how_much_it_lacks():
@@ -103,10 +156,12 @@ def test_a_stage_that_does_not_fit_is_priced_by_how_much_it_lacks():
     cramped = LiveCostModel(paper, Hardware(model=MODEL, tflops=tflops, memory_gib=np.array([1.0, 1.0, 1.0, 0.01])))
     partition = np.array([[0, 1], [2, 3]])
     fits, short = (CachedEvaluator(model).candidate(partition) for model in (roomy, cramped))
-    lacking = cramped.need_gib[fits.order.index(1)] - 0.01  # device 3's group runs that stage
+    stage = short.order.index(1)  # the stage device 3's group runs (the lighter one, if it can choose)
+    lacking = cramped.need_gib[stage, short.breakdown.layer_counts[stage]] - 0.01
     assert fits.breakdown.short_gib == 0 and short.breakdown.short_gib == pytest.approx(lacking)
-    assert short.cost_s == pytest.approx(fits.cost_s + PENALTY_S_PER_GIB * lacking)
-    assert cramped.need_gib.max() * BYTES_PER_GIB > 0.01 * BYTES_PER_GIB
+    assert short.cost_s == pytest.approx(short.breakdown.live.total_s + PENALTY_S_PER_GIB * lacking)
+    assert lacking == pytest.approx(min(cramped.need_gib[s, c] for s, c in enumerate(short.breakdown.layer_counts))
+                                    - 0.01)
 
 
 def test_devices_are_twins_for_the_search_only_with_the_same_hardware():
