@@ -35,8 +35,8 @@ from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 __all__ = ["EXACT_ORDER_MAX_STAGES", "Hardware", "LiveCost", "LiveCostModel", "PENALTY_S_PER_GIB",
            "execution_options"]
 
-PENALTY_S_PER_GIB = 1e4
-"""Seconds added per GiB a stage lacks: more than any feasible step, so a plan that fits always wins."""
+PENALTY_S_PER_GIB = 1e9
+"""Seconds added per GiB a stage lacks (about a second per byte): a plan that fits beats any that does not."""
 EXACT_ORDER_MAX_STAGES = 4
 """Up to this many stages `combine` tries every stage order (24 at most)."""
 
@@ -198,7 +198,9 @@ class LiveCostModel:
 
 def execution_options(model: ModelConfig, d_dp: int) -> list[tuple[int, bool]]:
     """(micro-batches, recompute) to try, least change first: the model's own; recomputation; then more
-    micro-batches, which shrink the one micro-batch recomputation rebuilds at a time (up to one sequence each)."""
+    micro-batches, which shrink the one micro-batch recomputation rebuilds at a time (up to one sequence each).
+    Only memory moves a plan down this list: the live model charges nothing per micro-batch (each costs a frame per
+    hop and smaller matrix products), so it cannot tell how many are fastest."""
     sequences = max(1, int(model.batch_tokens / d_dp / model.seq_len))
     counts = dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)), sequences])
     return [(model.micro_batches, False)] + [(count, True) for count in counts if count >= model.micro_batches]

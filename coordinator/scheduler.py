@@ -44,7 +44,7 @@ def find_plan(
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
-    placement (`balanced`) or evenly, and the first way of running the stages that fits the devices' memory
+    placement (`balanced`) or evenly, and the stages run the first way that fits the devices' memory
     (`execution_options`; a search each, while none fits). The plan's `breakdown` is its paper cost, with each
     stage's own payload; `predict_step_s` with the result's execution prices it live.
 

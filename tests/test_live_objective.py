@@ -108,11 +108,7 @@ def test_with_the_even_cut_the_search_finds_the_brute_force_optimum(seed, d_dp, 
     if execution is None:  # nothing fits in any way: the search says by how much its plan misses
         assert result.search.best.cost_s >= PENALTY_S_PER_GIB * result.search.best.breakdown.short_gib > 0
         return
-    assert result.execution == execution
-    found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
-                           execution=result.execution)
-    assert found.total_s == pytest.approx(optimum, rel=1e-9)
-    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)  # what it optimised is the price
+    assert_priced_as_found(result, tflops, memory, network, optimum, execution)
 
 
 @pytest.mark.parametrize("seed, d_dp, d_pp, small_share",
@@ -124,12 +120,19 @@ def test_with_cuts_chosen_per_placement_the_search_finds_the_brute_force_optimum
     paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
     optimum, execution = brute_force(paper, tflops, memory, balanced=True)
     result = live_plan(network, tflops, memory, d_dp=d_dp, d_pp=d_pp, balanced=True, seed=seed)
+    assert_priced_as_found(result, tflops, memory, network, optimum, execution)
+
+
+def assert_priced_as_found(result, tflops: np.ndarray, memory: np.ndarray, network: Network, optimum: float,
+                           execution: Execution) -> None:
+    """The plan runs the way the brute force's optimum does, costs what it costs, and the search's own price of it
+    is the live model's."""
     found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
                            execution=result.execution)
-    assert found.total_s == pytest.approx(optimum, rel=1e-9)
-    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
     assert (result.execution.micro_batches, result.execution.recompute) == (execution.micro_batches,
                                                                             execution.recompute)
+    assert found.total_s == pytest.approx(optimum, rel=1e-9)
+    assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
 
 
 def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deployment():
