@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
 __all__ = ["ClaimCheck"]
@@ -42,7 +43,9 @@ class ClaimCheck:
             model = plan.model_config()
         except (TypeError, ValueError):
             return
-        flops = [f * model.batch_tokens / plan.d_dp for f in model.stage_flops_per_token(plan.d_pp)]
+        execution = Execution.of_layers(plan.stage_layers, micro_batches=plan.micro_batches, recompute=plan.recompute)
+        costs = StageCosts.of(model, execution, d_dp=plan.d_dp)
+        flops = costs.at(costs.flops, execution.layer_counts)  # (d_pp,) per step and pipeline, as the plan cuts
         for signer, record in progress.items():
             role = plan.roles.get(signer)
             if (role is None or signer != record.peer_id or record.assignment_version != plan.version

@@ -97,6 +97,12 @@ class Execution:
         return cls(layer_counts=tuple(b - a for a, b in model.stage_layers(d_pp)),
                    micro_batches=micro_batches or model.micro_batches, recompute=recompute)
 
+    @classmethod
+    def of_layers(cls, stage_layers: list[list[int]], *, micro_batches: int, recompute: bool) -> Execution:
+        """From a plan's layer ranges (an Assignment's `stage_layers`)."""
+        return cls(layer_counts=tuple(b - a for a, b in stage_layers), micro_batches=micro_batches,
+                   recompute=recompute)
+
     @property
     def stage_layers(self) -> list[tuple[int, int]]:
         """Layer range [a, b) of each stage."""

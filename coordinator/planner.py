@@ -31,7 +31,15 @@ import numpy as np
 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import LiveBreakdown, NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.live_cost import (
+    Execution,
+    LiveBreakdown,
+    NoFeasiblePlan,
+    StageCosts,
+    predict_step_s,
+    stage_memory_bytes,
+)
+from hetswarm.coordinator.live_objective import Hardware, execution_options
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
@@ -50,7 +58,8 @@ from hetswarm.protocol.wire_format import (
     candidate_wires,
 )
 
-__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "propose"]
+__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "fitting",
+           "propose"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +129,8 @@ class Proposal:
     live: LiveBreakdown
     model: ModelConfig
     wire: WireFormat
+    execution: Execution
+    """The plan's cut of the layers, micro-batches and recomputation (coordinator/live_cost.py)."""
     standbys: tuple[str, ...] = ()
 
     @property
@@ -141,6 +152,8 @@ class Proposal:
             "predicted_step_s": self.live.total_s,
             "breakdown": self.live.to_dict(),
             "wire": self.wire.dict(),
+            "execution": {"stage_layers": self.execution.stage_layers, "micro_batches": self.execution.micro_batches,
+                          "recompute": self.execution.recompute},
         }
 
 
@@ -154,7 +167,7 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     budget = config.search.time_budget_s / max(len(shapes), 1)
     best, refusals = None, []
     for d_dp, d_pp in shapes:
-        need_gib = max(stage_memory_bytes(config.model, d_pp=d_pp, d_dp=d_dp)) / BYTES_PER_GIB
+        need_gib = _least_memory_gib(config.model, d_dp=d_dp, d_pp=d_pp)
         fits = [p for p, memory in zip(view.peer_ids, view.memory_gib) if memory >= need_gib]
         if len(fits) < d_dp * d_pp:
             refusals.append(f"{d_dp}×{d_pp} needs {d_dp * d_pp} peers with {need_gib:.2f} GiB, {len(fits)} have it")
@@ -164,9 +177,13 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
         placed = view.subset(sorted(chosen))
         search = replace(config.search, time_budget_s=budget)
         wires = candidate_wires(config.compression, config.model)
-        grid = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search,
-                      wire=wires[-1]).grid
-        proposal = _least_lossy(placed, grid, config.model, wires)
+        try:
+            grid, execution = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search,
+                                     wire=wires[-1])
+            proposal = _least_lossy(placed, grid, config.model, wires, execution)
+        except NoFeasiblePlan as e:
+            refusals.append(f"{d_dp}×{d_pp}: {e}")
+            continue
         logger.debug(f"shape {d_dp}×{d_pp}: predicted {proposal.live.total_s:.3f} s with {proposal.wire.describe()}")
         if best is None or proposal.live.total_s < best.live.total_s:
             best = replace(proposal, standbys=tuple(p for p in view.peer_ids if p not in chosen))
@@ -177,36 +194,48 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     return best
 
 
-def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wire: WireFormat) -> Proposal:
-    """The proposal that deploys `grid` on the peers of `placed` with `wire`, priced by both models."""
+def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wire: WireFormat, execution: Execution
+            ) -> Proposal:
+    """The proposal that deploys `grid` on the peers of `placed` with `wire`, run as `execution`, priced by both
+    models."""
     d_pp, d_dp = grid.shape
     paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire), d_dp=d_dp,
                            d_pp=d_pp)
-    plan = cost_plan(paper, grid)
+    stage_dp_bytes = np.array([model.dp_payload_bytes_of(count, first=s == 0, last=s == d_pp - 1,
+                                                         bytes_per_value=wire.allreduce_bytes_per_value)
+                               for s, count in enumerate(execution.layer_counts)])
+    plan = cost_plan(paper, grid, stage_dp_bytes)
     live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib,
-                          latency_ms=placed.network.latency_ms)
-    return Proposal(view=placed, plan=plan, live=live, model=model, wire=wire)
+                          latency_ms=placed.network.latency_ms, execution=execution)
+    return Proposal(view=placed, plan=plan, live=live, model=model, wire=wire, execution=execution)
 
 
-def _least_lossy(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wires: list[WireFormat]) -> Proposal:
+def _least_lossy(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wires: list[WireFormat],
+                 execution: Execution) -> Proposal:
     """Of `wires` (least lossy first), the first whose predicted step is within AUTO_TOLERANCE of the fastest."""
-    priced = [_priced(placed, grid, model, wire) for wire in wires]
+    priced = [_priced(placed, grid, model, wire, execution) for wire in wires]
     fastest = min(proposal.live.total_s for proposal in priced)
     return next(p for p in priced if p.live.total_s <= fastest * (1 + AUTO_TOLERANCE))
 
 
 def reprice(proposal: Proposal, view: SwarmView) -> Proposal:
     """The same deployment priced on a fresher view of the same peers."""
-    repriced = _priced(view.subset(list(proposal.view.peer_ids)), proposal.plan.grid, proposal.model, proposal.wire)
+    repriced = _priced(view.subset(list(proposal.view.peer_ids)), proposal.plan.grid, proposal.model, proposal.wire,
+                       proposal.execution)
     return replace(repriced, standbys=proposal.standbys)
 
 
-def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wire: WireFormat) -> Proposal:
+def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wire: WireFormat,
+             execution: Execution | None = None) -> Proposal:
     """The proposal that deploys given pipelines (pipeline r: the peer of each stage) as they are, priced on `view`;
     the view's other peers are its standbys. How a coordinator takes over a plan it did not search for now.
 
+    Args:
+        execution: how the stages run; None: the model's even cut, run the first way that fits (`fitting`).
+
     Raises:
         ValueError: a peer of the pipelines is not in the view.
+        NoFeasiblePlan: a stage does not fit its peer's memory in any way.
     """
     placed_ids = sorted({peer for chain in pipelines for peer in chain})
     missing = [p for p in placed_ids if p not in view.peer_ids]
@@ -215,7 +244,31 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wi
     placed = view.subset(placed_ids)
     index = {peer: i for i, peer in enumerate(placed_ids)}
     grid = np.array([[index[peer] for peer in chain] for chain in pipelines], dtype=np.int64).T  # (d_pp, d_dp)
-    return replace(_priced(placed, grid, model, wire), standbys=tuple(p for p in view.peer_ids if p not in index))
+    execution = execution or fitting(model, placed.memory_gib[grid])
+    return replace(_priced(placed, grid, model, wire, execution),
+                   standbys=tuple(p for p in view.peer_ids if p not in index))
+
+
+def fitting(model: ModelConfig, memory_gib: np.ndarray) -> Execution:
+    """The model's even cut, run the first way (`execution_options`) in which every stage fits the memory of its
+    peers (`memory_gib`, (d_pp, d_dp) as placed); the model's own way when none does (pricing then says why)."""
+    d_pp, d_dp = memory_gib.shape
+    options = [Execution.even(model, d_pp, micro_batches=count, recompute=recompute)
+               for count, recompute in execution_options(model, d_dp)]
+    for execution in options:
+        need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=execution)) / BYTES_PER_GIB
+        if (memory_gib >= need_gib[:, None]).all():
+            return execution
+    return options[0]
+
+
+def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:
+    """The least memory a peer needs to be placed at all: one layer of the lightest stage position, run the most
+    frugal way (`execution_options`' last)."""
+    count, recompute = execution_options(model, d_dp)[-1]
+    costs = StageCosts(model, d_pp=d_pp, d_dp=d_dp, micro_batches=count, recompute=recompute)
+    return float(costs.memory_bytes[:, 1].min()) / BYTES_PER_GIB if d_pp > 1 else \
+        float(costs.memory_bytes[0, model.n_layers]) / BYTES_PER_GIB
 
 
 def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
@@ -229,14 +282,25 @@ def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
 
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,
-           search: SearchConfig, wire: WireFormat) -> Plan:
+           search: SearchConfig, wire: WireFormat) -> tuple[np.ndarray, Execution]:
+    """The grid and how it runs: the live objective's (coordinator/live_objective.py), or a baseline's with the
+    model's even cut.
+
+    Raises:
+        NoFeasiblePlan: the search found no placement whose stages fit their peers.
+    """
     payloads = Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire)
     if placement == "scheduled":
-        return find_plan(view.network, payloads, d_dp=d_dp, d_pp=d_pp, config=search).plan
+        hardware = Hardware(model=model, tflops=view.tflops, memory_gib=view.memory_gib)
+        result = find_plan(view.network, payloads, d_dp=d_dp, d_pp=d_pp, config=search, hardware=hardware)
+        if result.search.best.breakdown.short_gib > 0:
+            raise NoFeasiblePlan(f"no placement fits the peers' memory (the best lacks "
+                                 f"{result.search.best.breakdown.short_gib:.2f} GiB)")
+        return result.plan.grid, result.execution
     paper = PaperCostModel(view.network, payloads, d_dp=d_dp, d_pp=d_pp)
-    if placement == "random":
-        return random_placement(paper, samples=1, seed=search.seed)
-    return default_placement(paper)
+    grid = (random_placement(paper, samples=1, seed=search.seed) if placement == "random"
+            else default_placement(paper)).grid
+    return grid, fitting(model, view.memory_gib[grid])
 
 
 @dataclass
@@ -278,7 +342,7 @@ class Replanner:
             model = assignment.model_config()
         except (TypeError, ValueError) as e:
             return f"its model config is invalid ({e})"
-        if model != self.config.model:
+        if replace(model, micro_batches=self.config.model.micro_batches) != self.config.model:  # a plan may need more
             return f"it trains {model.name!r} with other settings than this run's {self.config.model.name!r}"
         for name, fixed, found in (("d_dp", self.config.d_dp, assignment.d_dp),
                                    ("d_pp", self.config.d_pp, assignment.d_pp)):
@@ -355,7 +419,8 @@ class Replanner:
         placed = frozenset(in_force.roles)
         if placed <= members:
             self._in_force = None
-            proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format())
+            proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format(),
+                                execution_of(in_force))
             self.current, self._considered_at, self._last_refusal = proposal, now, ""
             return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
         self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
@@ -389,7 +454,7 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"Keeping the current plan: {e}")
             return None
-        chosen, why = self._sticky_or_searched(view, fresh, self.current.pipelines)
+        chosen, why = self._sticky_or_searched(view, fresh, self.current.pipelines, self.current.execution)
         if chosen is not fresh:
             logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {current:.3f} s "
                         f"now, which does not clear the {self.config.improvement:.0%} threshold or pay for its moves")
@@ -407,23 +472,24 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None
-        proposal, why = self._sticky_or_searched(view, searched, in_force) if in_force else (searched, "")
+        runs = self.current.execution if self.current else execution_of(self._in_force) if self._in_force else None
+        proposal, why = self._sticky_or_searched(view, searched, in_force, runs) if in_force else (searched, "")
         self.current, self._considered_at, self._last_refusal = proposal, now, ""
         return proposal, f"{reason}; {why}" if why else reason
 
-    def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None
-                            ) -> tuple[Proposal, str]:
-        """The plan in force with its gaps filled, unless the search's plan pays for its moves (coordinator/sticky.py);
-        and which peers move, and why."""
+    def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None,
+                            runs: Execution | None) -> tuple[Proposal, str]:
+        """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
+        (coordinator/sticky.py); and which peers move, and why."""
         model, wire = self.config.model, searched.wire
         held = held_stages(in_force) if in_force else {}
         kept = None
         if in_force:
             kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
-                                    price=lambda pipelines: deployed(view, pipelines, model, wire).live.total_s)
+                                    price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
         moves = migration(searched.pipelines, held, view, model)
         try:
-            sticky = deployed(view, kept, model, wire) if kept is not None else None
+            sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
         except NoFeasiblePlan:
             sticky = None
         if sticky is None:
@@ -447,3 +513,9 @@ class Replanner:
 
 def _short(peers: frozenset[str]) -> str:
     return "[" + ", ".join(sorted(short_id(p) for p in peers)) + "]"
+
+
+def execution_of(assignment: Assignment) -> Execution:
+    """How an assignment's stages run."""
+    return Execution.of_layers(assignment.stage_layers, micro_batches=assignment.micro_batches,
+                               recompute=assignment.recompute)

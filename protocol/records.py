@@ -166,6 +166,9 @@ class Assignment(_Record):
     predicted_step_s: _Seconds
     breakdown: dict[constr(strict=True, max_length=64), _Seconds]
     micro_batches: conint(strict=True, ge=1, le=MAX_STEP)
+    recompute: StrictBool = False
+    """Stages recompute their activations in the backward pass instead of keeping them (coordinator/live_cost.py,
+    Execution): the plan's way to fit stages into its peers' memory."""
     step: _Step
     """Optimizer step the plan starts at (learning-rate schedule position)."""
     reason: constr(strict=True, max_length=256)

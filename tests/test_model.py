@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hetswarm.client.training.model import StageModule, build_full_model, build_stage
+from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
 from hetswarm.protocol.model_config import get_model_config
 
 TINY = get_model_config("tiny")
@@ -50,6 +50,39 @@ def test_chained_stages_compute_the_full_model():
         x = build_stage(TINY, s, 2, seed=5)(x)
     assert x.shape == (2, TINY.seq_len, TINY.vocab_size)
     torch.testing.assert_close(x, build_full_model(TINY, seed=5)(tokens), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("cut", [((0, 1), (1, 4)), ((0, 3), (3, 4)), ((0, 1), (1, 2), (2, 4))])
+def test_an_uneven_cut_with_recomputation_gives_the_full_model_s_loss_and_gradients(cut):
+    """A plan may give a stage fewer layers and make it recompute its activations (coordinator/live_cost.py,
+    Execution): the chain of such stages computes what the full model does, gradients included."""
+    tokens = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
+    targets = torch.roll(tokens, -1, dims=1)
+    full = build_full_model(TINY, seed=5)
+    loss(full(tokens), targets).backward()
+    stages = [build_stage(TINY, s, len(cut), seed=5, stage_layers=cut, recompute=True) for s in range(len(cut))]
+    x = tokens
+    for stage in stages:
+        x = stage(x)
+    loss(x, targets).backward()
+    reference = dict(full.named_parameters())
+    for stage in stages:
+        assert stage.recompute
+        for name, param in stage.named_parameters():
+            torch.testing.assert_close(param.grad, reference[name].grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_recomputation_rebuilds_activations_in_the_backward_pass_only():
+    stage = build_stage(TINY, 0, 2, seed=5, recompute=True)
+    calls, mlp = [], stage.blocks["0"].mlp
+    forward = mlp.forward
+    mlp.forward = lambda x: calls.append(1) or forward(x)  # (torch runs no module hooks while it recomputes)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    stage(tokens).sum().backward()
+    assert len(calls) == 2  # the forward pass, then again in the backward pass
+    with torch.no_grad():
+        stage(tokens)
+    assert len(calls) == 3  # no gradients, nothing to recompute: once
 
 
 def test_attention_is_causal():

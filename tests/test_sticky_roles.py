@@ -26,7 +26,8 @@ def first_plan(planner: Replanner, records: dict):
 
 
 def test_a_dead_peer_is_replaced_by_a_standby_and_nobody_else_moves():
-    planner, records = replanner(), worldwide_records(6)
+    # Re-pairing the survivors (and re-cutting the layers) is predicted 37 % faster here: below this threshold
+    planner, records = replanner(improvement=0.5), worldwide_records(6)
     first = first_plan(planner, records)
     gone = first.pipelines[1][0]
     del records[gone]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hetswarm.protocol.model_config import ModelConfig
 
@@ -96,8 +97,12 @@ class StageModule(nn.Module):
     middle, hidden → logits (B, T, V) on the last; a single stage that is both first and last is the whole model.
     """
 
-    def __init__(self, config: ModelConfig, layers: tuple[int, int], *, is_first: bool, is_last: bool) -> None:
+    def __init__(self, config: ModelConfig, layers: tuple[int, int], *, is_first: bool, is_last: bool,
+                 recompute: bool = False) -> None:
         super().__init__()
+        self.recompute = recompute
+        """Keep only each block's input for the backward pass and run the block again there (the plan says so
+        when the stage's activations would not fit: coordinator/live_cost.py, Execution)."""
         a, b = layers
         if not 0 <= a < b <= config.n_layers:
             raise ValueError(f"layer range [{a}, {b}) is not a non-empty part of {config.n_layers} layers")
@@ -121,7 +126,10 @@ class StageModule(nn.Module):
                                  f"got {x.dtype} {tuple(x.shape)}")
             x = self.embed(x)  # (B, T, C)
         for block in self.blocks.values():
-            x = block(x)  # (B, T, C)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)  # (B, T, C), rebuilt in the backward pass
+            else:
+                x = block(x)  # (B, T, C)
         return self.head(x) if self.head is not None else x  # (B, T, V) or (B, T, C)
 
     @torch.no_grad()
@@ -164,6 +172,7 @@ def build_stage(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     stage_layers: Sequence[tuple[int, int]] | None = None,
+    recompute: bool = False,
 ) -> StageModule:
     """Stage ``stage_index`` of ``d_pp``, with its layers of ``stage_layers`` (a plan's cut, checked where the plan
     was accepted) or, by default, of the even cut ModelConfig.stage_layers gives.
@@ -175,7 +184,8 @@ def build_stage(
     if not 0 <= stage_index < d_pp:
         raise ValueError(f"stage_index must be in [0, {d_pp}), got {stage_index}")
     with torch.device("meta"):
-        stage = StageModule(config, bounds[stage_index], is_first=stage_index == 0, is_last=stage_index == d_pp - 1)
+        stage = StageModule(config, bounds[stage_index], is_first=stage_index == 0, is_last=stage_index == d_pp - 1,
+                            recompute=recompute)
     stage.to_empty(device="cpu")
     stage.init_weights(seed)
     return stage.to(device=device, dtype=dtype)

@@ -339,7 +339,8 @@ async def start_stage(
     my_pipeline = assignment.pipelines[role.replica]  # its peers, in stage order
     model_config = assignment.model_config()  # checked where the assignment was accepted
     module = build_stage(model_config, role.stage, assignment.d_pp, seed=seed, device=device,
-                         stage_layers=assignment.stage_layers)  # only its layers, cut as the plan says
+                         stage_layers=assignment.stage_layers,  # only its layers, cut as the plan says
+                         recompute=assignment.recompute)
 
     neighbours = [my_pipeline[s] if 0 <= s < assignment.d_pp else None for s in (role.stage - 1, role.stage + 1)]
     previous, following = (PeerID.from_base58(peer) if peer else None for peer in neighbours)
