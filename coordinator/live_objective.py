@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetswarm.coordinator.cost_model import PaperCostModel, spanning_tree_weight
-from hetswarm.coordinator.live_cost import Execution, LiveBreakdown, NoFeasiblePlan, StageCosts
+from hetswarm.coordinator.live_cost import Execution, LiveBreakdown, NoFeasiblePlan, StageCosts, stage_memory_bytes
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 
 __all__ = ["EXACT_ORDER_MAX_STAGES", "Hardware", "LiveCost", "LiveCostModel", "PENALTY_S_PER_GIB",
-           "execution_options"]
+           "execution_options", "fitting"]
 
 PENALTY_S_PER_GIB = 1e9
 """Seconds added per GiB a stage lacks (about a second per byte): a plan that fits beats any that does not."""
@@ -204,3 +204,16 @@ def execution_options(model: ModelConfig, d_dp: int) -> list[tuple[int, bool]]:
     sequences = max(1, int(model.batch_tokens / d_dp / model.seq_len))
     counts = dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)), sequences])
     return [(model.micro_batches, False)] + [(count, True) for count in counts if count >= model.micro_batches]
+
+
+def fitting(model: ModelConfig, memory_gib: np.ndarray) -> Execution:
+    """The model's even cut, run the first way (`execution_options`) in which every stage fits the memory of its
+    peers (`memory_gib`, (d_pp, d_dp) as placed); the model's own way when none does (pricing then says why)."""
+    d_pp, d_dp = memory_gib.shape
+    options = [Execution.even(model, d_pp, micro_batches=count, recompute=recompute)
+               for count, recompute in execution_options(model, d_dp)]
+    for execution in options:
+        need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=execution)) / BYTES_PER_GIB
+        if (memory_gib >= need_gib[:, None]).all():
+            return execution
+    return options[0]

@@ -37,9 +37,8 @@ from hetswarm.coordinator.live_cost import (
     NoFeasiblePlan,
     StageCosts,
     predict_step_s,
-    stage_memory_bytes,
 )
-from hetswarm.coordinator.live_objective import Hardware, execution_options
+from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
@@ -58,8 +57,7 @@ from hetswarm.protocol.wire_format import (
     candidate_wires,
 )
 
-__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "fitting",
-           "propose"]
+__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "propose"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,19 +245,6 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wi
     execution = execution or fitting(model, placed.memory_gib[grid])
     return replace(_priced(placed, grid, model, wire, execution),
                    standbys=tuple(p for p in view.peer_ids if p not in index))
-
-
-def fitting(model: ModelConfig, memory_gib: np.ndarray) -> Execution:
-    """The model's even cut, run the first way (`execution_options`) in which every stage fits the memory of its
-    peers (`memory_gib`, (d_pp, d_dp) as placed); the model's own way when none does (pricing then says why)."""
-    d_pp, d_dp = memory_gib.shape
-    options = [Execution.even(model, d_pp, micro_batches=count, recompute=recompute)
-               for count, recompute in execution_options(model, d_dp)]
-    for execution in options:
-        need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=execution)) / BYTES_PER_GIB
-        if (memory_gib >= need_gib[:, None]).all():
-            return execution
-    return options[0]
 
 
 def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:

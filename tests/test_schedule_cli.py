@@ -45,3 +45,30 @@ def test_bad_input_is_a_rejected_input_error():
         result = runner.invoke(app, ["schedule", *args, "--no-baselines"])
         assert result.exit_code != 0
         assert isinstance(result.exception, RejectedInput), result.exception
+
+
+def test_with_hardware_the_live_objective_is_the_default_and_both_objectives_are_priced_live():
+    result = runner.invoke(app, ["schedule", "--scenario", "volunteer-mix", "--json", "--time-budget", "0.5",
+                                 "--ga-candidates", "10", "--random-samples", "10"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["objective"] == "live" and set(report["objectives"]) == {"live", "paper"}
+    assert report["predicted_step_s"] == report["objectives"]["live"]["predicted_step_s"] > 0
+    runs = report["execution"]
+    assert runs["recompute"]  # paper-gpt3-xl at 8 × 8 fits none of these cards with GPipe's stored activations
+    assert sum(b - a for a, b in runs["stage_layers"]) == 24 and len(runs["stage_layers"]) == 8
+    greedy = report["baselines"]["greedy placement (fastest devices first)"]
+    assert greedy["cost"] > 0 and (greedy["predicted_step_s"] or greedy["infeasible"])
+    assert report["predicted_step_s"] <= min(b["predicted_step_s"] for b in report["baselines"].values()
+                                             if b["predicted_step_s"] is not None)
+
+
+def test_the_paper_objective_on_hardware_is_still_priced_live_and_live_needs_hardware():
+    result = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--objective", "paper", "--json",
+                                 "--no-baselines", "--time-budget", "0.5"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["objective"] == "paper" and report["cost"] == report["objectives"]["paper"]["cost"]
+    assert "predicted_step_s" in report
+    refused = runner.invoke(app, ["schedule", "--scenario", "worldwide", "--objective", "live", "--no-baselines"])
+    assert isinstance(refused.exception, RejectedInput) and "TFLOPS and memory" in str(refused.exception)

@@ -10,13 +10,15 @@ import math
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.table import Table
 
 from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, console, err_console, new_app
-from hetswarm.coordinator.baselines import default_placement, random_placement
+from hetswarm.coordinator.baselines import default_placement, greedy_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.live_objective import Hardware, fitting
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
@@ -41,39 +43,56 @@ def schedule(
                                             "(a saved plan's model).")] = PAPER_MODEL,
     dp_bytes: Annotated[float | None, typer.Option(help="c_DP in bytes (with --pp-bytes, instead of --model).")] = None,
     pp_bytes: Annotated[float | None, typer.Option(help="c_PP in bytes (with --dp-bytes, instead of --model).")] = None,
+    objective: Annotated[str | None, typer.Option(
+        help="What the search minimises: `live`, the step time on these devices (compute, bubble, memory; needs a "
+             "scenario with hardware, its default), or `paper`, DT-FM's communication cost.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the search and the baselines.")] = 0,
     time_budget: Annotated[float, typer.Option("--time-budget", help="Search wall-clock budget, seconds.")] = 5.0,
-    baselines: Annotated[bool, typer.Option(help="Also run random and default placement and the paper's GA.")] = True,
+    baselines: Annotated[bool, typer.Option(help="Also run random and default placement, the paper's GA and, with "
+                                                 "hardware, greedy placement (fastest devices first).")] = True,
     ga_candidates: Annotated[int, typer.Option(help="Candidates of the paper's GA baseline (paper: 5000).")] = 1000,
     random_samples: Annotated[int, typer.Option(help="Random placements drawn; the best is reported.")] = 5000,
     plot: Annotated[Path | None, typer.Option(help="Draw the plan on the link matrix (PNG; needs matplotlib).")] = None,
     json_output: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Plan which device runs which (stage, replica) on a network, under the DT-FM cost model.
+    """Plan which device runs which (stage, replica) on a network, under the live cost model or DT-FM's.
 
     Prints the plan grid (stage × replica, with site names), its cost breakdown and bottleneck link, and a
     comparison with random placement, default (device-order) placement and the paper's GA. A 64-device
-    scenario defaults to the paper's setting: 8 × 8 tasklets of GPT-3 XL (`paper-gpt3-xl`). A plan saved by
-    `hetswarm coordinator --save-plan` is a scenario too, with the peers' TFLOPS and memory: then the live cost
-    model's predicted step time is reported as well (`predicted_step_s`).
+    scenario defaults to the paper's setting: 8 × 8 tasklets of GPT-3 XL (`paper-gpt3-xl`). On a scenario with
+    hardware (TFLOPS and memory per device: the heterogeneous scenarios, or a plan saved by `hetswarm coordinator
+    --save-plan`) the search minimises the live model's step time by default, cutting the layers unevenly and
+    recomputing activations where that makes stages fit; every plan is then also priced live
+    (`predicted_step_s`), the other objective's plan included, and greedy placement joins the baselines.
     """
     configure_logging(verbose)
     network = load_network(scenario)
     d_dp, d_pp = _degrees(network.n_devices, dp, pp)
     payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
+    hardware = _hardware(scenario, model, known=dp_bytes is None)
+    objective = objective or ("live" if hardware is not None else "paper")
+    if objective not in ("live", "paper"):
+        raise RejectedInput(f"--objective is live or paper, got {objective!r}")
+    if objective == "live" and hardware is None:
+        raise RejectedInput(f"--objective live needs each device's TFLOPS and memory: {scenario!r} has none (use a "
+                            "heterogeneous scenario or a saved plan, or --objective paper)")
     config = SearchConfig(time_budget_s=time_budget, seed=seed)
     with err_console.status("searching…", spinner="dots") as status:
         def on_progress(progress: SearchProgress) -> None:
-            status.update(f"searching: best {progress.best_cost_s:.3f} s after {progress.generation} generations, "
-                          f"{progress.elapsed_s:.1f} s")
+            status.update(f"searching ({objective}): best {progress.best_cost_s:.3f} s after {progress.generation} "
+                          f"generations, {progress.elapsed_s:.1f} s")
 
-        result = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config,
-                           progress=None if json_output else on_progress)
+        searches = {name: find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config,
+                                    progress=None if json_output else on_progress,
+                                    hardware=hardware if name == "live" else None)
+                    for name in (["live", "paper"] if hardware is not None else ["paper"])}
         comparison = _baselines(network, payloads, d_dp=d_dp, d_pp=d_pp, seed=seed, ga_candidates=ga_candidates,
-                                random_samples=random_samples) if baselines else {}
+                                random_samples=random_samples, hardware=hardware) if baselines else {}
+    result = searches[objective]
     report = {
         "scenario": network.name,
+        "objective": objective,
         "d_dp": d_dp,
         "d_pp": d_pp,
         "payloads": {"dp_bytes": payloads.dp_bytes, "pp_bytes": payloads.pp_bytes},
@@ -84,20 +103,42 @@ def schedule(
         "plan": result.plan.to_dict(),
         "baselines": comparison,
     }
-    hardware = load_hardware(scenario) if dp_bytes is None else None
     if hardware is not None:
-        try:
-            live = predict_step_s(result.plan, load_model_config(model), tflops=hardware[0], memory_gib=hardware[1],
-                                  latency_ms=network.latency_ms)
-            report |= {"predicted_step_s": live.total_s, "breakdown": live.to_dict()}
-        except NoFeasiblePlan as e:  # the plan is still shown: which stage does not fit, and where
-            report |= {"predicted_step_s": None, "infeasible": str(e)}
+        priced = {name: _live_price(found.plan, hardware, network, found.execution) for name, found in searches.items()}
+        report |= priced[objective] | {"objectives": {name: {"cost": searches[name].plan.cost_s} | price
+                                                      for name, price in priced.items()}}
     if plot is not None:
         _plot(network, result.plan, plot)
     if json_output:
         console.print_json(json.dumps(report))
     else:
         _print_report(network, result.plan, report)
+
+
+def _hardware(scenario: str, model: str, *, known: bool) -> Hardware | None:
+    """The devices' TFLOPS and memory, when the scenario has them and the payloads come from a model."""
+    found = load_hardware(scenario) if known else None
+    if found is None:
+        return None
+    return Hardware(model=load_model_config(model), tflops=found[0], memory_gib=found[1])
+
+
+def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Execution | None = None
+                ) -> dict[str, Any]:
+    """`predicted_step_s`, its breakdown and how the stages run; or why the plan does not fit. Without an
+    execution (a plan searched on the paper's objective, a baseline), the model's even cut run the first way that
+    fits."""
+    if execution is None:
+        memory = np.asarray(hardware.memory_gib)[plan.grid]
+        execution = fitting(hardware.model, memory)
+    runs = {"execution": {"stage_layers": execution.stage_layers, "micro_batches": execution.micro_batches,
+                          "recompute": execution.recompute}}
+    try:
+        live = predict_step_s(plan, hardware.model, tflops=hardware.tflops, memory_gib=hardware.memory_gib,
+                              latency_ms=network.latency_ms, execution=execution)
+    except NoFeasiblePlan as e:  # the plan is still shown: which stage does not fit, and where
+        return {"predicted_step_s": None, "infeasible": str(e)} | runs
+    return {"predicted_step_s": live.total_s, "breakdown": live.to_dict()} | runs
 
 
 def _degrees(n_devices: int, dp: int | None, pp: int | None) -> tuple[int, int]:
@@ -124,16 +165,20 @@ def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_d
 
 
 def _baselines(network: Network, payloads: Payloads, *, d_dp: int, d_pp: int, seed: int, ga_candidates: int,
-               random_samples: int) -> dict[str, Any]:
+               random_samples: int, hardware: Hardware | None) -> dict[str, dict[str, Any]]:
+    """Each baseline's paper cost and, with hardware, its live price (even cut, run the first way that fits)."""
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
     ga = paper_ga(model, candidates=ga_candidates, seed=seed)
-    ga_plan = plan_from_partition(model, ga.best.partition, ga.best.order)
-    return {
-        f"random placement (best of {random_samples})": random_placement(model, samples=random_samples,
-                                                                          seed=seed).cost_s,
-        "default placement (device order)": default_placement(model).cost_s,
-        f"paper GA ({ga.candidates} candidates, {ga.elapsed_s:.1f} s)": ga_plan.cost_s,
+    plans = {
+        f"random placement (best of {random_samples})": random_placement(model, samples=random_samples, seed=seed),
+        "default placement (device order)": default_placement(model),
+        f"paper GA ({ga.candidates} candidates, {ga.elapsed_s:.1f} s)": plan_from_partition(
+            model, ga.best.partition, ga.best.order),
     }
+    if hardware is not None:
+        plans["greedy placement (fastest devices first)"] = greedy_placement(model, hardware.tflops)
+    return {name: {"cost": plan.cost_s} | (_live_price(plan, hardware, network) if hardware is not None else {})
+            for name, plan in plans.items()}
 
 
 def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
@@ -152,20 +197,30 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
         console.print(f"live model: the plan does not fit: {report['infeasible']}")
     elif "predicted_step_s" in report:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in report["breakdown"].items() if k != "step_s")
-        console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts})")
+        runs = report["execution"]
+        cut = "/".join(str(b - a) for a, b in runs["stage_layers"])
+        console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts}); layers {cut}, "
+                      f"{runs['micro_batches']} micro-batches{', recomputing activations' if runs['recompute'] else ''}")
     if plan.bottleneck is not None:
         link = plan.bottleneck
         a, b = link.devices
         console.print(f"bottleneck link: stage {link.stage}→{link.stage + 1} of pipeline {link.pipeline}, "
                       f"{network.sites[a]} {a} → {network.sites[b]} {b}, {link.time_s:.3f} s")
-    table = Table(title="Comparison (seconds of the DT-FM cost model)")
+    live = "objectives" in report
+    table = Table(title="Comparison: DT-FM cost" + (" and predicted step (live model), seconds" if live else
+                                                     ", seconds"))
     table.add_column("plan")
-    table.add_column("cost", justify="right")
-    table.add_row("hetswarm search", f"{plan.cost_s:.3f}")
-    for name, cost in report["baselines"].items():
-        table.add_row(name, f"{cost:.3f}")
+    table.add_column("DT-FM cost", justify="right")
+    if live:
+        table.add_column("predicted step", justify="right")
+    rows = [(f"hetswarm search ({name} objective)", priced) for name, priced in report.get("objectives", {}).items()]
+    rows = rows or [("hetswarm search", {"cost": plan.cost_s})]
+    rows += list(report["baselines"].items())
+    for name, priced in rows:
+        step = "does not fit" if priced.get("infeasible") else f"{priced.get('predicted_step_s') or 0:.3f}"
+        table.add_row(name, f"{priced['cost']:.3f}", *([step] if live else []))
     if network.published_best_cost_s is not None:
-        table.add_row("paper's published best", f"{network.published_best_cost_s:.3f}")
+        table.add_row("paper's published best", f"{network.published_best_cost_s:.3f}", *([""] if live else []))
     console.print(table)
 
 
