@@ -72,7 +72,8 @@ class LiveCostModel:
 
     Args:
         micro_batches, recompute: how the stages run (live_cost.Execution); micro_batches None: the model's.
-        balanced: cut the layers for each placement (`balanced_cut`); else the model's even cut.
+        balanced: cut the layers for each placement (`balanced_cut`, or the even cut where that is faster); else
+            the model's even cut.
     """
 
     def __init__(self, paper: PaperCostModel, hardware: Hardware, *, micro_batches: int | None = None,
@@ -138,10 +139,11 @@ class LiveCostModel:
         else:
             _, path = shortest_path(link_times_s)
             orders = np.array([path, path[::-1]])
-        if self.balanced:
-            counts = np.array([self.balanced_cut(group_times_s[order]) for order in orders])
-        else:
-            counts = np.tile(self.even.layer_counts, (len(orders), 1))
+        counts = np.tile(self.even.layer_counts, (len(orders), 1))
+        if self.balanced:  # each order with its balanced cut, and with the even one: whichever is faster
+            orders = np.concatenate([orders, orders])
+            counts = np.concatenate([np.array([self.balanced_cut(group_times_s[order]) for order in orders[:len(counts)]]),
+                                     counts])
         totals, parts = self._priced(group_times_s, link_times_s, orders, counts)
         best = int(np.argmin(totals))
         data_s, pipe_s, compute_s, bubble_s, short_gib = (float(part[best]) for part in parts)

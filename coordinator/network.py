@@ -94,6 +94,13 @@ class Network:
     def n_devices(self) -> int:
         return len(self.sites)
 
+    def subset(self, devices: list[int]) -> Network:
+        """The links among `devices` only, in that order (device i of the result is devices[i])."""
+        keep = np.asarray(devices)
+        return Network(latency_ms=self.latency_ms[np.ix_(keep, keep)],
+                       bandwidth_gbps=self.bandwidth_gbps[np.ix_(keep, keep)],
+                       sites=tuple(self.sites[d] for d in devices), name=self.name)
+
     @classmethod
     def from_matrices(
         cls, latency_ms: Any, bandwidth_gbps: Any, *, sites: list[str] | None = None, name: str = "network"

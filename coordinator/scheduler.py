@@ -6,21 +6,21 @@ within its budget, and deploys the best partition along its bottleneck matchings
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import Execution
+from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.live_objective import Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["ScheduleResult", "find_plan", "seed_partitions"]
+__all__ = ["ScheduleResult", "ShapedResult", "find_plan", "find_shaped_plan", "seed_partitions"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +41,7 @@ def find_plan(
     progress: Callable[[SearchProgress], None] | None = None,
     hardware: Hardware | None = None,
     balanced: bool = True,
+    starts: Sequence[np.ndarray] = (),
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
@@ -48,12 +49,15 @@ def find_plan(
     (`execution_options`; a search each, while none fits). The plan's `breakdown` is its paper cost, with each
     stage's own payload; `predict_step_s` with the result's execution prices it live.
 
+    Args:
+        starts: (d_pp, d_dp) partitions the search starts from besides its own (another objective's plan).
+
     Raises:
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
         NoFeasiblePlan: a device of `hardware` has no TFLOPS.
     """
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
-    seeds = seed_partitions(model)
+    seeds = seed_partitions(model) + [np.asarray(start) for start in starts]
     if hardware is None:
         result = search(model, config, classes=network.twin_classes, seeds=seeds, progress=progress)
         return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order),
@@ -68,6 +72,47 @@ def find_plan(
     stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
     plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes)
     return ScheduleResult(plan=plan, search=result, execution=execution)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapedResult:
+    """The best of several shapes: its plan is over `placed` (device i of the plan is device placed[i])."""
+
+    result: ScheduleResult
+    placed: list[int]
+    predicted_step_s: float
+    shapes: dict[tuple[int, int], float | None]
+    """(D_DP, D_PP) tried → predicted step seconds; None where no placement fits."""
+
+
+def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int, config: SearchConfig = SearchConfig(),
+                     shapes: int = 4) -> ShapedResult:
+    """With the stages fixed, also chooses how many pipelines to run, leaving the slowest devices as standbys: a
+    synchronous stage group runs at its slowest member, so on mixed GPUs fewer, faster pipelines can win. Tries up
+    to `shapes` pipeline counts, from as many as the devices fill down to a quarter of that, each on the fastest
+    devices (more memory first among equals), with an equal share of the time budget.
+
+    Raises:
+        NoFeasiblePlan: no shape has a placement whose stages fit.
+    """
+    most = network.n_devices // d_pp
+    counts = sorted({max(1, round(most * k / shapes)) for k in range(shapes, 0, -1)}, reverse=True)
+    order = sorted(range(network.n_devices), key=lambda d: (-hardware.tflops[d], -hardware.memory_gib[d], d))
+    budget = replace(config, time_budget_s=config.time_budget_s / len(counts))
+    best, tried = None, {}
+    for d_dp in counts:
+        placed = sorted(order[:d_dp * d_pp])
+        sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
+        payloads = Payloads.from_model(hardware.model, d_dp=d_dp, d_pp=d_pp)
+        result = find_plan(network.subset(placed), payloads, d_dp=d_dp, d_pp=d_pp, config=budget, hardware=sub)
+        cost = result.search.best.breakdown
+        tried[(d_dp, d_pp)] = None if cost.short_gib > 0 else cost.total_s
+        if cost.short_gib == 0 and (best is None or cost.total_s < best.predicted_step_s):
+            best = ShapedResult(result=result, placed=placed, predicted_step_s=cost.total_s, shapes=tried)
+    if best is None:
+        raise NoFeasiblePlan(f"no placement of {d_pp} stages fits the devices' memory with "
+                             f"{', '.join(map(str, counts))} pipelines")
+    return best
 
 
 def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,15 +19,15 @@ from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, 
 from hetswarm.coordinator.baselines import default_placement, greedy_placement, random_placement
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
-from hetswarm.coordinator.live_objective import Hardware, fitting
+from hetswarm.coordinator.live_objective import Hardware
 from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
-from hetswarm.coordinator.scheduler import find_plan
+from hetswarm.coordinator.scheduler import ShapedResult, find_plan, find_shaped_plan
 from hetswarm.coordinator.search import SearchConfig, SearchProgress
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.errors import RejectedInput
-from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
+from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
 
 PAPER_MODEL = "paper-gpt3-xl"
 PAPER_DEVICES = 64
@@ -37,7 +38,9 @@ PAPER_DEVICES = 64
 
 def schedule(
     scenario: Annotated[str, typer.Option(help=f"Scenario ({', '.join(SCENARIOS)}, case1…case5) or a JSON file.")],
-    dp: Annotated[int | None, typer.Option("--dp", help="D_DP: pipelines (devices per stage group).")] = None,
+    dp: Annotated[str | None, typer.Option("--dp", help="D_DP: pipelines (devices per stage group); `auto` lets the "
+                                                       "live objective run fewer, leaving the slowest devices as "
+                                                       "standbys.")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="D_PP: pipeline stages.")] = None,
     model: Annotated[str, typer.Option(help=f"Model for payloads: {', '.join(MODEL_PRESETS)} or a JSON file "
                                             "(a saved plan's model).")] = PAPER_MODEL,
@@ -68,12 +71,15 @@ def schedule(
     """
     configure_logging(verbose)
     network = load_network(scenario)
-    d_dp, d_pp = _degrees(network.n_devices, dp, pp)
+    choose_dp = dp == "auto"
+    d_dp, d_pp = _degrees(network.n_devices, None if choose_dp else _number("--dp", dp), pp)
     payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
     hardware = _hardware(scenario, model, known=dp_bytes is None)
     objective = objective or ("live" if hardware is not None else "paper")
     if objective not in ("live", "paper"):
         raise RejectedInput(f"--objective is live or paper, got {objective!r}")
+    if choose_dp and objective != "live":
+        raise RejectedInput("--dp auto chooses the pipelines by predicted step time: it needs --objective live")
     if objective == "live" and hardware is None:
         raise RejectedInput(f"--objective live needs each device's TFLOPS and memory: {scenario!r} has none (use a "
                             "heterogeneous scenario or a saved plan, or --objective paper)")
@@ -83,12 +89,15 @@ def schedule(
             status.update(f"searching ({objective}): best {progress.best_cost_s:.3f} s after {progress.generation} "
                           f"generations, {progress.elapsed_s:.1f} s")
 
-        searches = {name: find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config,
-                                    progress=None if json_output else on_progress,
-                                    hardware=hardware if name == "live" else None)
-                    for name in (["live", "paper"] if hardware is not None else ["paper"])}
+        progress = None if json_output else on_progress
+        searches = {"paper": find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config, progress=progress)}
+        if hardware is not None:  # from the paper's plan too: the live plan is never predicted slower than it
+            searches["live"] = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config, progress=progress,
+                                         hardware=hardware, starts=[searches["paper"].plan.grid])
+        shaped = find_shaped_plan(network, hardware, d_pp=d_pp, config=config) if choose_dp else None
+        runs = searches["live"].execution if hardware is not None else None
         comparison = _baselines(network, payloads, d_dp=d_dp, d_pp=d_pp, seed=seed, ga_candidates=ga_candidates,
-                                random_samples=random_samples, hardware=hardware) if baselines else {}
+                                random_samples=random_samples, hardware=hardware, runs=runs) if baselines else {}
     result = searches[objective]
     report = {
         "scenario": network.name,
@@ -104,9 +113,12 @@ def schedule(
         "baselines": comparison,
     }
     if hardware is not None:
-        priced = {name: _live_price(found.plan, hardware, network, found.execution) for name, found in searches.items()}
+        priced = {name: _live_price(found.plan, hardware, network, found.execution or _even(runs, hardware.model))
+                  for name, found in searches.items()}
         report |= priced[objective] | {"objectives": {name: {"cost": searches[name].plan.cost_s} | price
                                                       for name, price in priced.items()}}
+    if shaped is not None:
+        report |= _shaped_report(shaped, hardware, network)
     if plot is not None:
         _plot(network, result.plan, plot)
     if json_output:
@@ -123,14 +135,8 @@ def _hardware(scenario: str, model: str, *, known: bool) -> Hardware | None:
     return Hardware(model=load_model_config(model), tflops=found[0], memory_gib=found[1])
 
 
-def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Execution | None = None
-                ) -> dict[str, Any]:
-    """`predicted_step_s`, its breakdown and how the stages run; or why the plan does not fit. Without an
-    execution (a plan searched on the paper's objective, a baseline), the model's even cut run the first way that
-    fits."""
-    if execution is None:
-        memory = np.asarray(hardware.memory_gib)[plan.grid]
-        execution = fitting(hardware.model, memory)
+def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Execution) -> dict[str, Any]:
+    """`predicted_step_s`, its breakdown and how the stages run; or why the plan does not fit."""
     runs = {"execution": {"stage_layers": execution.stage_layers, "micro_batches": execution.micro_batches,
                           "recompute": execution.recompute}}
     try:
@@ -139,6 +145,35 @@ def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Exe
     except NoFeasiblePlan as e:  # the plan is still shown: which stage does not fit, and where
         return {"predicted_step_s": None, "infeasible": str(e)} | runs
     return {"predicted_step_s": live.total_s, "breakdown": live.to_dict()} | runs
+
+
+def _even(runs: Execution, model: ModelConfig) -> Execution:
+    """How a plan that knows no cut (the paper objective's, a baseline's) runs beside the live plan: the model's
+    even cut, with the live plan's micro-batches and recomputation, so that only the placements differ."""
+    return Execution.even(model, len(runs.layer_counts), micro_batches=runs.micro_batches, recompute=runs.recompute)
+
+
+def _shaped_report(shaped: ShapedResult, hardware: Hardware, network: Network) -> dict[str, Any]:
+    """The plan with the pipeline count chosen (`--dp auto`), in the scenario's device ids, and the shapes tried."""
+    placed = np.asarray(shaped.placed)
+    sub = network.subset(shaped.placed)
+    hardware = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
+    plan = shaped.result.plan
+    priced = _live_price(plan, hardware, sub, shaped.result.execution)
+    d_pp, d_dp = plan.grid.shape
+    return {"chosen_shape": {"d_dp": d_dp, "d_pp": d_pp, "stages": placed[plan.grid].tolist(),
+                             "standbys": sorted(set(range(network.n_devices)) - set(shaped.placed)),
+                             "cost": plan.cost_s} | priced,
+            "shapes": {f"{dp}x{pp}": step for (dp, pp), step in shaped.shapes.items()}}
+
+
+def _number(option: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise RejectedInput(f"{option} must be a number or auto, got {value!r}") from None
 
 
 def _degrees(n_devices: int, dp: int | None, pp: int | None) -> tuple[int, int]:
@@ -165,8 +200,8 @@ def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_d
 
 
 def _baselines(network: Network, payloads: Payloads, *, d_dp: int, d_pp: int, seed: int, ga_candidates: int,
-               random_samples: int, hardware: Hardware | None) -> dict[str, dict[str, Any]]:
-    """Each baseline's paper cost and, with hardware, its live price (even cut, run the first way that fits)."""
+               random_samples: int, hardware: Hardware | None, runs: Execution | None) -> dict[str, dict[str, Any]]:
+    """Each baseline's paper cost and, with hardware, its live price (`_even`)."""
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
     ga = paper_ga(model, candidates=ga_candidates, seed=seed)
     plans = {
@@ -177,7 +212,8 @@ def _baselines(network: Network, payloads: Payloads, *, d_dp: int, d_pp: int, se
     }
     if hardware is not None:
         plans["greedy placement (fastest devices first)"] = greedy_placement(model, hardware.tflops)
-    return {name: {"cost": plan.cost_s} | (_live_price(plan, hardware, network) if hardware is not None else {})
+    return {name: {"cost": plan.cost_s} | (_live_price(plan, hardware, network, _even(runs, hardware.model))
+                                           if hardware is not None else {})
             for name, plan in plans.items()}
 
 
@@ -206,6 +242,13 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
         a, b = link.devices
         console.print(f"bottleneck link: stage {link.stage}→{link.stage + 1} of pipeline {link.pipeline}, "
                       f"{network.sites[a]} {a} → {network.sites[b]} {b}, {link.time_s:.3f} s")
+    if "chosen_shape" in report:
+        chosen = report["chosen_shape"]
+        fits = "does not fit" if chosen.get("infeasible") else f"predicted step {chosen['predicted_step_s']:.3f} s"
+        tried = ", ".join(f"{shape} {'does not fit' if step is None else f'{step:.3f} s'}"
+                          for shape, step in report["shapes"].items())
+        console.print(f"--dp auto: {chosen['d_dp']} pipelines × {chosen['d_pp']} stages, {fits}; "
+                      f"{len(chosen['standbys'])} standbys (tried {tried})")
     live = "objectives" in report
     table = Table(title="Comparison: DT-FM cost" + (" and predicted step (live model), seconds" if live else
                                                      ", seconds"))
@@ -215,6 +258,9 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
         table.add_column("predicted step", justify="right")
     rows = [(f"hetswarm search ({name} objective)", priced) for name, priced in report.get("objectives", {}).items()]
     rows = rows or [("hetswarm search", {"cost": plan.cost_s})]
+    if "chosen_shape" in report:
+        chosen = report["chosen_shape"]
+        rows.append((f"hetswarm search (live objective, --dp auto: {chosen['d_dp']} × {chosen['d_pp']})", chosen))
     rows += list(report["baselines"].items())
     for name, priced in rows:
         step = "does not fit" if priced.get("infeasible") else f"{priced.get('predicted_step_s') or 0:.3f}"
