@@ -24,8 +24,12 @@ gradients, two moments) plus the activations GPipe keeps for all M micro-batches
 Recomputation in Large Transformer Models", Sect. 4.1). A plan putting a stage on a peer that cannot hold it is
 refused (`NoFeasiblePlan`).
 
-The search optimises the paper's communication cost (coordinator.scheduler.find_plan) and the live model prices
-its result and the candidates of the shape choice; it does not steer the search itself.
+How a plan runs (`Execution`, carried by the Assignment) changes both: its cut of the layers (a stage of slow
+devices may hold fewer), its micro-batch count M, and recomputation, where each layer keeps only its input (h
+values per token) and rebuilds the rest in the backward pass, one layer of one micro-batch at a time (Chen et al.
+2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward runs twice).
+`StageCosts` tabulates every stage position and layer count, so that the search (coordinator/live_objective.py)
+prices cuts by indexing.
 """
 from __future__ import annotations
 

@@ -4,18 +4,20 @@ The paper's objective prices communication only (coordinator/cost_model.py); on 
 slow device into every stage group, and every stage then runs at that device's speed. `LiveCostModel` gives the
 search (coordinator/search.py) the step time of coordinator/live_cost.py instead, through the same three hooks:
 
-- a group's term is a row (all-reduce s, compute floor s, smallest memory GiB): its paper all-reduce time; the
-  seconds its slowest device takes for the lightest stage, F_min · B / D_DP / min TFLOPS (a stage's time at
-  position s is that times F_s / F_min, since a group computes at its slowest member's pace); and the memory of its
-  smallest device;
+- a group's term is a row: seconds per FLOP of its slowest device, the memory of its smallest, and each member's
+  all-reduce sends split into a latency part and a part per GB (PaperCostModel.member_times_s), so that a stage's
+  all-reduce can be priced at whatever payload its layers give it;
 - a pair of groups is linked by the paper's bottleneck matching, as before;
-- `combine` puts the groups in stage order and adds the live model's terms: DataP + 2·PipeP + the slowest stage's
-  compute + GPipe's bubble + the commit vote, plus `PENALTY_S_PER_GIB` for every GiB a stage lacks on its smallest
-  device, so that the search walks out of infeasible placements instead of seeing a wall. The order is the best of
-  all orders for up to `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links, either way
-  round (first and last stages hold the embedding and the head, so the direction matters).
+- `combine` puts the groups in stage order, cuts the layers (`balanced_cut`: a group of slow or small devices
+  holds fewer; or the even cut, whichever is faster) and adds the live model's terms: DataP + 2·PipeP + the
+  slowest stage's compute + GPipe's bubble + the commit vote, plus `PENALTY_S_PER_GIB` for every GiB a stage lacks
+  on its smallest device, so that the search walks out of infeasible placements instead of seeing a wall. The order
+  is the best of all orders for up to `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links,
+  either way round (first and last stages hold the embedding and the head, so the direction matters).
 
-Devices are interchangeable for the search only if they are network twins with the same TFLOPS and memory.
+A model is searched with one way of running its stages (`execution_options`: micro-batches, recomputation), the
+first that lets a plan fit. Devices are interchangeable for the search only if they are network twins with the same
+TFLOPS and memory.
 """
 from __future__ import annotations
 
