@@ -57,11 +57,12 @@ from hetswarm.protocol.wire_format import (
     candidate_wires,
 )
 
-__all__ = ["Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "propose"]
+__all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "propose"]
 
 logger = logging.getLogger(__name__)
 
-Placement = Literal["scheduled", "random", "default"]
+Placement = Literal["scheduled", "paper", "random", "default"]
+PLACEMENTS: tuple[Placement, ...] = ("scheduled", "paper", "random", "default")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,8 +73,9 @@ class PlannerConfig:
     d_pp: int | None = None
     """Stages; None chooses it."""
     placement: Placement = "scheduled"
-    """`random` (one seeded random grid) and `default` (peer-id order) broadcast a baseline instead of the search's
-    plan, so that the measured step times of the three can be compared."""
+    """`paper` (the search on DT-FM's communication cost, the even cut), `random` (one seeded random grid) and
+    `default` (peer-id order) broadcast a baseline instead of the live search's plan, so that measured step times
+    can be compared."""
     compression: CompressionPolicy = "model"
     """Which codecs the plan's transfers use (protocol/wire_format.py)."""
     search: SearchConfig = SearchConfig()
@@ -103,8 +105,8 @@ class PlannerConfig:
                 raise ConfigError(f"{name} must be positive or auto, got {getattr(self, name)}")
         if self.d_pp is not None and self.d_pp > self.model.n_layers:
             raise ConfigError(f"d_pp={self.d_pp} exceeds the {self.model.n_layers} layers of {self.model.name!r}")
-        if self.placement not in ("scheduled", "random", "default"):
-            raise ConfigError(f"placement must be scheduled, random or default, got {self.placement!r}")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.compression not in COMPRESSION_POLICIES:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
         if self.compression == "aq-sgd" and (self.model.data_period or 0) < 2:
@@ -268,8 +270,8 @@ def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,
            search: SearchConfig, wire: WireFormat) -> tuple[np.ndarray, Execution]:
-    """The grid and how it runs: the live objective's (coordinator/live_objective.py), or a baseline's with the
-    model's even cut.
+    """The grid and how it runs: the live objective's (coordinator/live_objective.py), or a baseline's (the paper
+    objective's included) with the model's even cut, run the first way that fits.
 
     Raises:
         NoFeasiblePlan: the search found no placement whose stages fit their peers.
@@ -283,8 +285,12 @@ def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: i
                                  f"{result.search.best.breakdown.short_gib:.2f} GiB)")
         return result.plan.grid, result.execution
     paper = PaperCostModel(view.network, payloads, d_dp=d_dp, d_pp=d_pp)
-    grid = (random_placement(paper, samples=1, seed=search.seed) if placement == "random"
-            else default_placement(paper)).grid
+    if placement == "paper":
+        grid = find_plan(view.network, payloads, d_dp=d_dp, d_pp=d_pp, config=search).plan.grid
+    elif placement == "random":
+        grid = random_placement(paper, samples=1, seed=search.seed).grid
+    else:
+        grid = default_placement(paper).grid
     return grid, fitting(model, view.memory_gib[grid])
 
 

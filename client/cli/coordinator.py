@@ -44,7 +44,8 @@ def coordinator(
     pp: Annotated[str, typer.Option("--pp", help="D_PP, stages: a number or auto.")] = "auto",
     micro_batches: Annotated[Optional[int], typer.Option(help="Micro-batches per pipeline (default: the model's).")] = None,
     min_peers: Annotated[int, typer.Option(help="Publish the first plan once this many peers are ready.")] = 1,
-    plan: Annotated[str, typer.Option(help="scheduled, or a baseline to compare: random or default.")] = "scheduled",
+    plan: Annotated[str, typer.Option(help="scheduled (the live objective), or a baseline to compare: paper (the "
+                                           "search on DT-FM's communication cost), random or default.")] = "scheduled",
     time_budget: Annotated[float, typer.Option("--time-budget", help="Search budget per plan, seconds.")] = 5.0,
     seed: Annotated[int, typer.Option(help="Seed of the search and of the random baseline.")] = 0,
     ttl: Annotated[float, typer.Option(help="Seconds the published assignment lives without a refresh.")] = 60.0,

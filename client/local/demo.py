@@ -28,6 +28,7 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.coordinator.planner import PLACEMENTS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import MODEL_PRESETS
@@ -77,6 +78,9 @@ class DemoConfig:
     """The coordinator's --compression policy (protocol/wire_format.py)."""
     data_period: int | None = None
     """The coordinator's --data-period: steps per pass over a repeating data order (aq-sgd needs one)."""
+    emulate_tflops: tuple[float, ...] = ()
+    """Client i computes as fast as a device of emulate_tflops[i % len] TFLOPS (`hetswarm join --emulate-tflops`);
+    empty: as fast as this machine."""
 
     def __post_init__(self) -> None:
         if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
@@ -89,8 +93,10 @@ class DemoConfig:
         if len(self.placements) != len(self.steps) or not self.placements:
             raise ConfigError(f"one step count per placement: {self.placements} vs {self.steps}")
         for placement in self.placements:
-            if placement not in ("scheduled", "random", "default"):
-                raise ConfigError(f"placement must be scheduled, random or default, got {placement!r}")
+            if placement not in PLACEMENTS:
+                raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        if any(tflops <= 0 for tflops in self.emulate_tflops):
+            raise ConfigError(f"emulated TFLOPS must be positive, got {self.emulate_tflops}")
         if self.compression not in COMPRESSION_POLICIES:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
         if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0:
@@ -255,13 +261,15 @@ def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = la
         dht = None
         try:
             swarm.start_bootstrap()
-            for name, region in config.sites():
+            for index, (name, region) in enumerate(config.sites()):
                 load_identity(keys / f"{name}.key")
                 shutil.copy(keys / f"{name}.key", swarm.workdir / f"{name}.key")  # the same peer ids every run
+                speed = (("--emulate-tflops", str(config.emulate_tflops[index % len(config.emulate_tflops)]))
+                         if config.emulate_tflops else ())
                 swarm.start_client(
                     name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
                     str(config.bandwidth_scale), "--coordinator", coordinator_id, "--seed", str(config.seed),
-                    "--torch-threads", "1", "--ttl", "20")
+                    "--torch-threads", "1", "--ttl", "20", *speed)
             node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
                                      host_maddrs=(LOOPBACK,), client_mode=True)
             dht = start_dht_for_process(node_config, identity_for(node_config))
