@@ -6,7 +6,7 @@ within its budget, and deploys the best partition along its bottleneck matchings
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,7 +41,6 @@ def find_plan(
     progress: Callable[[SearchProgress], None] | None = None,
     hardware: Hardware | None = None,
     balanced: bool = True,
-    starts: Sequence[np.ndarray] = (),
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
@@ -49,15 +48,12 @@ def find_plan(
     (`execution_options`; a search each, while none fits). The plan's `breakdown` is its paper cost, with each
     stage's own payload; `predict_step_s` with the result's execution prices it live.
 
-    Args:
-        starts: (d_pp, d_dp) partitions the search starts from besides its own (another objective's plan).
-
     Raises:
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
         NoFeasiblePlan: a device of `hardware` has no TFLOPS.
     """
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
-    seeds = seed_partitions(model) + [np.asarray(start) for start in starts]
+    seeds = seed_partitions(model)
     if hardware is None:
         result = search(model, config, classes=network.twin_classes, seeds=seeds, progress=progress)
         return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order),

@@ -91,9 +91,9 @@ def schedule(
 
         progress = None if json_output else on_progress
         searches = {"paper": find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config, progress=progress)}
-        if hardware is not None:  # from the paper's plan too: the live plan is never predicted slower than it
+        if hardware is not None:  # the coordinator's search, on the same inputs
             searches["live"] = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config, progress=progress,
-                                         hardware=hardware, starts=[searches["paper"].plan.grid])
+                                         hardware=hardware)
         shaped = find_shaped_plan(network, hardware, d_pp=d_pp, config=config) if choose_dp else None
         runs = searches["live"].execution if hardware is not None else None
         comparison = _baselines(network, payloads, d_dp=d_dp, d_pp=d_pp, seed=seed, ga_candidates=ga_candidates,
