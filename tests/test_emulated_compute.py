@@ -14,10 +14,9 @@ from hetswarm.protocol.records import Hardware
 MEASURED = Hardware(device="cpu", device_name="test cpu", tflops=0.2, dtype="float32", memory_gib=16.0)
 
 
-def test_the_emulated_device_is_published_with_its_slowdown():
-    hardware, slowdown = emulate_tflops(MEASURED, 0.05)
+def test_the_emulated_device_is_published():
+    hardware = emulate_tflops(MEASURED, 0.05)
     assert hardware.tflops == 0.05 and hardware.memory_gib == MEASURED.memory_gib
-    assert slowdown == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("tflops", [0.2, 1.0, 0.0, -1.0])
@@ -26,13 +25,24 @@ def test_a_device_cannot_be_emulated_faster_than_it_is(tflops):
         emulate_tflops(MEASURED, tflops)
 
 
-def test_every_computation_takes_slowdown_times_as_long():
-    worker = StageWorker.__new__(StageWorker)  # only what _computing reads: the device, the clock, the slowdown
-    worker.device, worker.compute_slowdown, worker._compute_s = torch.device("cpu"), 3.0, 0.0
+def emulating(tflops: float | None) -> StageWorker:
+    worker = StageWorker.__new__(StageWorker)  # only what _computing reads: the device, the clock, the speed
+    worker.device, worker.emulated_tflops, worker._compute_s = torch.device("cpu"), tflops, 0.0
+    return worker
 
-    def work() -> str:
-        time.sleep(0.05)
-        return "done"
 
-    assert asyncio.run(worker._computing(work)) == "done"
-    assert worker._compute_s >= 3 * 0.05
+def work(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+def test_a_computation_takes_as_long_as_its_flops_on_the_emulated_device_however_busy_this_one_is():
+    worker = emulating(1e-3)  # 1 GFLOPS: 0.3 GFLOP take 0.3 s
+    assert asyncio.run(worker._computing(work, 0.05, flops=0.3e9)) == "done"
+    assert 0.3 <= worker._compute_s < 0.3 + 0.1  # padded to the device's time, not 0.05 s × some factor
+    slower = emulating(1e-3)
+    asyncio.run(slower._computing(work, 0.4, flops=0.3e9))  # this machine was slower still: nothing added
+    assert 0.4 <= slower._compute_s < 0.4 + 0.1
+    unemulated = emulating(None)
+    asyncio.run(unemulated._computing(work, 0.05, flops=0.3e9))
+    assert unemulated._compute_s < 0.05 + 0.1

@@ -80,9 +80,9 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
         metrics_server = serve_metrics(metrics) if metrics else None  # a thread: only once the DHT has forked
         hardware = probe_hardware(torch_device, throughput=throughput)
         if emulated_tflops is not None:
-            hardware, slowdown = emulate_tflops(hardware, emulated_tflops)
+            hardware = emulate_tflops(hardware, emulated_tflops)
             if training is not None:
-                training = replace(training, config=replace(training.config, compute_slowdown=slowdown))
+                training = replace(training, config=replace(training.config, emulated_tflops=emulated_tflops))
 
         async def serve(stop: asyncio.Event) -> None:
             node = await SwarmNode.attach(node_config, dht, identity, site_links=site_links,

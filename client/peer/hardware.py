@@ -93,9 +93,9 @@ def probe_hardware(device: torch.device, *, throughput: str = "auto", cache_path
     )
 
 
-def emulate_tflops(hardware: Hardware, tflops: float) -> tuple[Hardware, float]:
-    """The record of a slower device than this one, and how many times longer this peer must take per computation
-    to be as slow (`hetswarm join --emulate-tflops`: one machine runs a swarm of mixed GPUs).
+def emulate_tflops(hardware: Hardware, tflops: float) -> Hardware:
+    """The record of a slower device than this one (`hetswarm join --emulate-tflops`: one machine runs a swarm of
+    mixed GPUs); the stage worker then pads every computation to as long as on that device.
 
     Raises:
         HetswarmError: `tflops` is not positive, or not below what this device measured (it cannot be sped up).
@@ -103,5 +103,6 @@ def emulate_tflops(hardware: Hardware, tflops: float) -> tuple[Hardware, float]:
     if not 0 < tflops < hardware.tflops:
         raise HetswarmError(f"--emulate-tflops must be above 0 and below this device's measured {hardware.tflops:.3g} "
                             f"TFLOPS (a device can be slowed down, not sped up), got {tflops:g}")
-    logger.info(f"Emulating a {tflops:g}-TFLOPS device: every computation takes {hardware.tflops / tflops:.1f}× as long")
-    return hardware.copy(update={"tflops": float(tflops)}), hardware.tflops / tflops
+    logger.info(f"Emulating a {tflops:g}-TFLOPS device: every computation takes as long as its FLOPs would there "
+                f"(this device measured {hardware.tflops:.3g})")
+    return hardware.copy(update={"tflops": float(tflops)})

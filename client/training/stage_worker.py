@@ -123,16 +123,22 @@ class StageWorker:
     def __init__(
         self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, board: CommitBoard,
         replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
-        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer, compute_slowdown: float = 1.0,
+        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer,
+        emulated_tflops: float | None = None,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
         self.board, self.replicas = board, replicas
         self.model_config, self.pipeline, self.n_pipelines = model_config, pipeline, n_pipelines
         self.device, self.config = device, config
-        self.compute_slowdown = compute_slowdown
-        """Every computation here takes this many times as long (`hetswarm join --emulate-tflops`)."""
+        self.emulated_tflops = emulated_tflops
+        """Every computation here takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
         self.micro_batches = model_config.micro_batches
         self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
+        a, b = module.layers
+        self.forward_flops = model_config.flops_per_token_of(b - a, first=module.is_first, last=module.is_last) / 3 \
+            * self.micro_batch_size * model_config.seq_len
+        """One micro-batch's forward pass (a third of forward+backward, PaLM Appendix B); the backward is twice it,
+        plus a forward again when the stage recomputes its activations."""
         self.optimizer = optimizer
         self.next_step: int | None = None
         self.retries = self.resyncs = 0
@@ -259,7 +265,7 @@ class StageWorker:
                                                                           attempt=attempt))
                 self._mark(f"a{m}")
                 x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
-            out = await self._computing(self._forward, x, targets)
+            out = await self._computing(self._forward, x, targets, flops=self.forward_flops)
             if not self.module.is_last:
                 sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
             outputs.append(out)
@@ -278,19 +284,25 @@ class StageWorker:
         """Backward every micro-batch in reverse; returns the pipeline's loss on the last stage, else None."""
         for m in reversed(range(self.micro_batches)):
             if self.module.is_last:
-                await self._computing(outputs[m].backward)
+                await self._computing(outputs[m].backward, flops=self._backward_flops)
             else:
                 grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m,
                                                                       attempt=attempt))
                 self._mark(f"g{m}")
-                await self._computing(outputs[m].backward, grad.to(self.device, outputs[m].dtype))
+                await self._computing(outputs[m].backward, grad.to(self.device, outputs[m].dtype),
+                                      flops=self._backward_flops)
             if not self.module.is_first:
                 sends.create_task(self.streams.send("gradients", inputs[m].grad, step=step, micro_batch=m,
                                                     attempt=attempt))
         return sum(loss.item() for loss in outputs) if self.module.is_last else None
 
-    async def _computing(self, fn: Callable, *args):
-        """Runs ``fn`` in a worker thread, counting its time as compute (the device synchronized on CUDA)."""
+    @property
+    def _backward_flops(self) -> float:
+        return self.forward_flops * (3 if self.module.recompute else 2)
+
+    async def _computing(self, fn: Callable, *args, flops: float = 0.0):
+        """Runs ``fn`` in a worker thread, counting its time as compute (the device synchronized on CUDA); when
+        emulating a device, at least as long as its `flops` take there."""
         def timed():
             result = fn(*args)
             if self.device.type == "cuda":
@@ -301,8 +313,8 @@ class StageWorker:
         running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
             result = await asyncio.shield(running)
-            if self.compute_slowdown > 1:  # as long as on the slower device this peer emulates
-                await asyncio.sleep((time.perf_counter() - started) * (self.compute_slowdown - 1))
+            if self.emulated_tflops is not None:  # as long as on the slower device this peer emulates
+                await asyncio.sleep(max(0.0, flops / (self.emulated_tflops * 1e12) - (time.perf_counter() - started)))
             return result
         except asyncio.CancelledError:  # an aborted attempt: the thread must not touch .grad after we reset it
             await asyncio.wait({running})
@@ -323,7 +335,7 @@ class StageWorker:
 
 async def start_stage(
     assignment: Assignment, me: PeerId, *, p2p: P2P, swarm: str, device: torch.device | str, data: TokenSource,
-    seed: int, config: StageConfig = StageConfig(), compute_slowdown: float = 1.0,
+    seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
 ) -> StageWorker:
     """Builds this peer's stage of the plan, serving its neighbour streams and its group, once all its peers answer.
 
@@ -367,7 +379,7 @@ async def start_stage(
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
     worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
-                       config=config, optimizer=optimizer, compute_slowdown=compute_slowdown)
+                       config=config, optimizer=optimizer, emulated_tflops=emulated_tflops)
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()

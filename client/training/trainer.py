@@ -100,14 +100,14 @@ class TrainerConfig:
     """Deadline of one unit's download when taking over a stage's state."""
     agree_timeout_s: float = 30.0
     """How long a peer starting a hand-off plan waits for the plan's state sources to say which step they hold."""
-    compute_slowdown: float = 1.0
-    """Every computation of this peer takes this many times as long (`hetswarm join --emulate-tflops`)."""
+    emulated_tflops: float | None = None
+    """Every computation of this peer takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
-        if self.compute_slowdown < 1:
-            raise ConfigError(f"compute_slowdown must be at least 1, got {self.compute_slowdown}")
+        if self.emulated_tflops is not None and not self.emulated_tflops > 0:
+            raise ConfigError(f"emulated_tflops must be positive, got {self.emulated_tflops}")
         if self.heartbeat_s <= 0 or self.heartbeat_misses < 1:
             raise ConfigError(f"need heartbeat_s > 0 and heartbeat_misses >= 1, got {self.heartbeat_s} and "
                               f"{self.heartbeat_misses}")
@@ -244,7 +244,7 @@ class Trainer:
         state = await self._state_for(assignment, role)
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_worker.py)
             assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
-            data=self.data, seed=self.seed, config=self.config.stage, compute_slowdown=self.config.compute_slowdown)
+            data=self.data, seed=self.seed, config=self.config.stage, emulated_tflops=self.config.emulated_tflops)
         if state is not None:
             state.apply(worker.module, worker.optimizer)
         self.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,
