@@ -17,7 +17,16 @@ import sys
 
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
-from hetswarm.coordinator.network import HARDWARE_SCENARIOS
+from hetswarm.coordinator.cost_model import Payloads
+from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.live_objective import fitting
+from hetswarm.coordinator.network import HARDWARE_SCENARIOS, load_network
+from hetswarm.coordinator.scheduler import find_plan
+from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.swarm_view import load_hardware
+from hetswarm.protocol.model_config import get_model_config
+
+MODEL = get_model_config("paper-gpt3-xl")
 
 
 def schedule(scenario: str, *, budget_s: float, ga_candidates: int, seed: int) -> dict:
@@ -28,11 +37,26 @@ def schedule(scenario: str, *, budget_s: float, ga_candidates: int, seed: int) -
     return json.loads(done.stdout)
 
 
+def paper_run_its_own_way(scenario: str, *, budget_s: float, seed: int) -> str:
+    """The paper objective's plan with the even cut, run the first way it fits by itself (`fitting`): it may take
+    more micro-batches than the live plan, which the live model rewards with a smaller bubble."""
+    network, (tflops, memory) = load_network(scenario), load_hardware(scenario)
+    payloads = Payloads.from_model(MODEL, d_dp=8, d_pp=8)
+    plan = find_plan(network, payloads, d_dp=8, d_pp=8, config=SearchConfig(time_budget_s=budget_s, seed=seed)).plan
+    execution = fitting(MODEL, memory[plan.grid])
+    try:
+        step_s = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
+                                execution=execution).total_s
+    except NoFeasiblePlan:
+        return "does not fit"
+    return f"{step_s:.2f} ({execution.micro_batches} µb{', recompute' if execution.recompute else ''})"
+
+
 def _step(priced: dict) -> str:
     return "does not fit" if priced.get("predicted_step_s") is None else f"{priced['predicted_step_s']:.2f}"
 
 
-def _row(scenario: str, report: dict) -> str:
+def _row(scenario: str, report: dict, own_way: str) -> str:
     live, paper, chosen = report["objectives"]["live"], report["objectives"]["paper"], report["chosen_shape"]
     baselines = {name.split(" (")[0]: priced for name, priced in report["baselines"].items()}
     best = chosen if chosen.get("predicted_step_s") is not None else live
@@ -40,7 +64,7 @@ def _row(scenario: str, report: dict) -> str:
             else "paper's does not fit")
     runs = best["execution"]
     cut = "/".join(str(b - a) for a, b in runs["stage_layers"])
-    return (f"| {scenario} | {_step(paper)} | {_step(live)} | {_step(chosen)} ({chosen['d_dp']}×{chosen['d_pp']}) "
+    return (f"| {scenario} | {_step(paper)} | {own_way} | {_step(live)} | {_step(chosen)} ({chosen['d_dp']}×{chosen['d_pp']}) "
             f"| {_step(baselines['greedy placement'])} | {_step(baselines['random placement'])} "
             f"| {_step(baselines['default placement'])} | {gain} | {cut}, {runs['micro_batches']} µb"
             f"{', recompute' if runs['recompute'] else ''} |")
@@ -55,7 +79,8 @@ def main() -> None:
     rows = []
     for scenario in HARDWARE_SCENARIOS:
         report = schedule(scenario, budget_s=args.time_budget, ga_candidates=args.ga_candidates, seed=args.seed)
-        rows.append(_row(scenario, report))
+        rows.append(_row(scenario, report, paper_run_its_own_way(scenario, budget_s=args.time_budget,
+                                                                 seed=args.seed)))
         print(rows[-1], flush=True)
     write_section("hetero-scheduler", "\n".join([
         "## Scheduler on mixed GPUs: live objective vs paper objective",
@@ -66,10 +91,15 @@ def main() -> None:
         "stage's slowest device + GPipe bubble + commit vote). Every plan runs the way the live plan runs; a plan "
         "that knows no cut gets the even one.",
         "",
-        "| scenario | paper objective (8×8) | live objective (8×8) | live, --dp auto | greedy | random | default "
-        "| live vs paper | how the best live plan runs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | paper objective (8×8) | paper objective, run its own way | live objective (8×8) "
+        "| live, --dp auto | greedy | random | default | live vs paper | how the best live plan runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
+        "",
+        "A plan runs the first way that fits (the model's micro-batches, then recomputation, then more "
+        "micro-batches): the live model charges nothing per micro-batch, so it cannot rank their counts. Where the "
+        "live plan's uneven cut fits with fewer micro-batches than the paper plan's even cut needs, the paper plan "
+        "run its own way can be predicted faster (a smaller bubble): the column \"run its own way\".",
     ]))
 
 

@@ -42,7 +42,7 @@ from hetswarm.coordinator.live_objective import Hardware, execution_options, fit
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.coordinator.sticky import held_stages, migration, sticky_pipelines
+from hetswarm.coordinator.sticky import held_layers, migration, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_id
@@ -473,12 +473,12 @@ class Replanner:
         """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
         (coordinator/sticky.py); and which peers move, and why."""
         model, wire = self.config.model, searched.wire
-        held = held_stages(in_force) if in_force else {}
+        held = held_layers(in_force, runs.stage_layers) if in_force else {}
         kept = None
         if in_force:
             kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
                                     price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
-        moves = migration(searched.pipelines, held, view, model)
+        moves = migration(searched.pipelines, searched.execution.stage_layers, held, view, model)
         try:
             sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
         except NoFeasiblePlan:
@@ -486,7 +486,7 @@ class Replanner:
         if sticky is None:
             return searched, moves.describe()
         gain_s = sticky.live.total_s - searched.live.total_s
-        staying = migration(kept, held, view, model)
+        staying = migration(kept, runs.stage_layers, held, view, model)
         extra_s = moves.seconds - staying.seconds
         if gain_s >= self.config.improvement * sticky.live.total_s and gain_s * self.config.payback_steps > extra_s:
             faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"

@@ -1,7 +1,7 @@
 """Sticky roles: a re-plan moves a peer off its stage only when the move pays for itself.
 
-A peer that changes stage (or takes one for the first time) must first download that stage's parameters and
-AdamW state from a peer that holds it (client/training/state_handoff.py): 12 bytes per parameter in fp32 (the value
+A peer that changes stage (or takes one for the first time, or keeps its stage under a new cut of the layers) must
+first download the parameters and AdamW state of the layers it lacks from a peer that holds them (client/training/state_handoff.py): 12 bytes per parameter in fp32 (the value
 and two moments), over the best link from a holder, the movers in parallel. So every re-plan weighs two candidates:
 
 * the *sticky* plan: the plan in force with its gone peers replaced. Each vacancy is filled by the standby that
@@ -27,7 +27,7 @@ from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_stages", "migration", "sticky_pipelines"]
+__all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_layers", "held_stages", "migration", "sticky_pipelines"]
 
 STATE_BYTES_PER_PARAM = 12
 """fp32 parameter + AdamW's two fp32 moments."""
@@ -53,23 +53,46 @@ def held_stages(pipelines: list[list[str]]) -> dict[str, int]:
     return {peer: stage for chain in pipelines for stage, peer in enumerate(chain)}
 
 
-def migration(pipelines: list[list[str]], held: Mapping[str, int], view: SwarmView, model: ModelConfig) -> Migration:
-    """The hand-offs a plan needs from the stages the peers hold now (module docstring); a stage no peer in view
-    holds is priced at 0 (it resumes from checkpoints or the seed, whatever the plan)."""
-    d_pp = len(pipelines[0])
-    state_gb = [params * STATE_BYTES_PER_PARAM / BYTES_PER_GB for params in model.stage_params(d_pp)]
+def held_layers(pipelines: list[list[str]], stage_layers: list[tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Peer → the layers [a, b) it holds under a plan cut as `stage_layers`."""
+    return {peer: tuple(stage_layers[stage]) for peer, stage in held_stages(pipelines).items()}
+
+
+def migration(pipelines: list[list[str]], stage_layers: list[tuple[int, int]], held: Mapping[str, tuple[int, int]],
+              view: SwarmView, model: ModelConfig) -> Migration:
+    """The hand-offs a plan cut as `stage_layers` needs from the layers the peers hold now (module docstring): a
+    peer downloads the layers of its stage it does not hold (a new cut moves state too), from the best of the peers
+    that hold some of them; layers no peer in view holds are priced at 0 (they resume from checkpoints or the seed,
+    whatever the plan)."""
     index = {peer: i for i, peer in enumerate(view.peer_ids)}
     moves, seconds = {}, 0.0
     for peer, stage in held_stages(pipelines).items():
-        if held.get(peer) == stage:
+        wanted = tuple(stage_layers[stage])
+        missing = _params(model, wanted) - _params(model, _overlap(wanted, held.get(peer)))
+        if missing == 0:
             continue
         moves[peer] = stage
-        holders = [index[h] for h, s in held.items() if s == stage and h in index and h != peer]
+        holders = [index[h] for h, layers in held.items() if _overlap(wanted, layers) and h in index and h != peer]
         if holders and peer in index:
             network, me = view.network, index[peer]
-            times = edge_time_s(network.latency_ms[holders, me], network.bandwidth_gbps[holders, me], state_gb[stage])
+            state_gb = missing * STATE_BYTES_PER_PARAM / BYTES_PER_GB
+            times = edge_time_s(network.latency_ms[holders, me], network.bandwidth_gbps[holders, me], state_gb)
             seconds = max(seconds, float(times.min()))
     return Migration(moves, seconds)
+
+
+def _overlap(layers: tuple[int, int], other: tuple[int, int] | None) -> tuple[int, int] | None:
+    if other is None or max(layers[0], other[0]) >= min(layers[1], other[1]):
+        return None
+    return max(layers[0], other[0]), min(layers[1], other[1])
+
+
+def _params(model: ModelConfig, layers: tuple[int, int] | None) -> int:
+    """Parameters of a layer range with the embedding if it starts the model and the head if it ends it."""
+    if layers is None:
+        return 0
+    a, b = layers
+    return model.params_of(b - a, first=a == 0, last=b == model.n_layers)
 
 
 def sticky_pipelines(current: list[list[str]], view: SwarmView, *, d_dp: int | None, price

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
-from hetswarm.coordinator.sticky import STATE_BYTES_PER_PARAM, held_stages, migration, sticky_pipelines
+from hetswarm.coordinator.sticky import (
+    STATE_BYTES_PER_PARAM,
+    held_layers,
+    held_stages,
+    migration,
+    sticky_pipelines,
+)
 from hetswarm.coordinator.swarm_view import build_view
 from tests.helpers.swarm_records import IDS, link, record
 from tests.test_planner import MODEL, SEARCH, worldwide_records
@@ -78,12 +84,22 @@ def test_the_migration_price_is_the_slowest_download_from_the_best_holder():
     records = {IDS[0]: record(IDS[0], links={IDS[1]: link(10.0, 100.0), IDS[2]: link(50.0, 1000.0)}),
                IDS[1]: record(IDS[1], links={IDS[2]: link(5.0, 10.0)}), IDS[2]: record(IDS[2])}
     view = build_view(records)
-    held = {IDS[0]: 1, IDS[1]: 1}  # IDS[2] held nothing; it takes stage 1
-    moves = migration([[IDS[0], IDS[2]]], held, view, MODEL)
+    cut = MODEL.stage_layers(2)
+    held = {IDS[0]: cut[1], IDS[1]: cut[1]}  # IDS[2] held nothing; it takes stage 1
+    moves = migration([[IDS[0], IDS[2]]], cut, held, view, MODEL)
     bits = MODEL.stage_params(2)[1] * STATE_BYTES_PER_PARAM * 8
     best = min(0.050 + bits / 1000e6, 0.005 + bits / 10e6)  # from IDS[0] or from IDS[1]
     assert moves.moves == {IDS[0]: 0, IDS[2]: 1}
     assert moves.seconds == pytest.approx(max(best, 0.0), rel=1e-6)  # IDS[0] → stage 0: nobody holds it, priced 0
+
+
+def test_a_new_cut_moves_the_layers_a_peer_lacks_even_on_its_own_stage():
+    view = build_view({IDS[0]: record(IDS[0], links={IDS[1]: link(10.0, 100.0)}), IDS[1]: record(IDS[1])})
+    held = held_layers([[IDS[0], IDS[1]]], [(0, 2), (2, 4)])
+    assert migration([[IDS[0], IDS[1]]], [(0, 2), (2, 4)], held, view, MODEL).moves == {}
+    moves = migration([[IDS[0], IDS[1]]], [(0, 3), (3, 4)], held, view, MODEL)  # stage 0 takes layer 2 over
+    bits = MODEL.params_per_layer * STATE_BYTES_PER_PARAM * 8
+    assert moves.moves == {IDS[0]: 0} and moves.seconds == pytest.approx(0.010 + bits / 100e6, rel=1e-6)
 
 
 def test_without_standbys_a_pipeline_with_a_hole_is_dropped_unless_the_shape_is_fixed():
