@@ -15,7 +15,7 @@ from hetswarm.client.cli.render import render_watch, summary_lines
 from hetswarm.client.local.demo import DEMO_COMPRESSION, DemoConfig, PhaseResult, run_swarm
 from hetswarm.protocol.errors import RejectedInput
 
-_COMPARED_WITH = {"scheduled": "random", "random": "scheduled", "default": "scheduled"}
+_COMPARED_WITH = {"scheduled": "random", "paper": "scheduled", "random": "scheduled", "default": "scheduled"}
 
 
 def demo(
@@ -23,7 +23,8 @@ def demo(
     dp: Annotated[int, typer.Option("--dp", help="Pipelines; the stages are clients / dp.")] = 2,
     steps: Annotated[int, typer.Option(help="Steps to measure the plan on, after the warm-up.")] = 12,
     compare_steps: Annotated[int, typer.Option(help="Steps to measure the comparison plan on.")] = 6,
-    plan: Annotated[str, typer.Option(help="scheduled, random or default: the plan trained first.")] = "scheduled",
+    plan: Annotated[str, typer.Option(help="scheduled, paper, random or default: the plan trained first "
+                                           "(`hetswarm coordinator --plan`).")] = "scheduled",
     compare: Annotated[bool, typer.Option(help="Then train a second plan on the same clients and compare "
                                                "(random, or scheduled when --plan is not).")] = True,
     model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
@@ -42,7 +43,7 @@ def demo(
     the plan with a random one. Every process it starts is stopped at the end, and on Ctrl+C."""
     configure_logging(verbose)
     if plan not in _COMPARED_WITH:
-        raise RejectedInput(f"--plan must be scheduled, random or default, got {plan!r}")
+        raise RejectedInput(f"--plan must be one of {', '.join(_COMPARED_WITH)}, got {plan!r}")
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
     config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
                         bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression,
