@@ -156,6 +156,15 @@ class PaperCostModel:
         per_gb = self.dp_s_per_gb[groups[:, :, None], groups[:, None, :]].sum(axis=2)
         return latency + np.asarray(dp_bytes, dtype=float)[:, None] / BYTES_PER_GB * per_gb
 
+    def concurrent_allreduce_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
+        """(m,) each group's all-reduce as the runtime runs it, for the live model (coordinator/live_cost.py):
+        hivemind's AllReduceRunner streams every shard to its reducer at once, each pair over its own path, so a
+        group takes as long as its slowest pair's two sends, not a member's sum of them (`member_times_s`)."""
+        pairs = groups[:, :, None], groups[:, None, :]
+        payload_gb = (np.full(len(groups), self.payloads.dp_bytes) if dp_bytes is None
+                      else np.asarray(dp_bytes, dtype=float)) / BYTES_PER_GB
+        return (self.dp_latency_s[pairs] + payload_gb[:, None, None] * self.dp_s_per_gb[pairs]).max(axis=(1, 2))
+
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         block = self.pp_edge_s[np.ix_(group_a, group_b)]  # (d_dp, d_dp)
         smooth = (block.min(axis=1).mean() + block.min(axis=0).mean()) / 2  # each device's fastest partner

@@ -3,20 +3,30 @@
 The paper's model prices communication only, because its GPUs are identical (docs/dtfm.md, Cost model). A swarm of
 volunteers is not, so the live model adds what the paper leaves out:
 
-    step_s = DataP + 2·PipeP                      communication, the paper's model on the measured matrices
+    step_s = DataP + 2·PipeP                      communication: 2·PipeP is the paper's, on the measured matrices
            + max_s t_s                            compute of the slowest stage over the whole batch
            + (Σ_s t_s − max_s t_s) / M            GPipe's fill and drain bubble
            + max_{i,j} α_ij / 1000                the commit vote: the last peer's vote crossing the plan
     t_s    = F_s · B / D_DP / min_{r} TFLOPS[s, r]
+    DataP  = max_s (A_s − Σ_{j<s} b_j · t_j / M)  the all-reduces, less what the pipeline's drain hides
+    A_s    = max_{i,j ∈ C_s} 2·(α_ij/1000 + 8·c_s / (D_DP·β_ij))
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
 tokens of one step over all pipelines, M the micro-batches per pipeline, and the slowest replica of a stage sets
 its time because every replica waits for the stage group's all-reduce. With M micro-batches of time t_s / M each,
-GPipe's makespan is Σ_s t_s/M + (M − 1)·max_s t_s/M (Huang et al. 2019, GPipe, Sect. 2.2), which is the last two
-lines; for equal stages the bubble is the familiar (D_PP − 1)/M of the compute. Every peer then pushes its vote on
-the step to every other and applies the step once it has all votes (client/training/step_commit.py), so a step
-ends one latency of the plan's farthest pair after the last peer finished. The terms are added, as the paper adds
-DataP and PipeP: no overlap of communication with compute is assumed, so the figure errs high.
+GPipe's makespan is Σ_s t_s/M + (M − 1)·max_s t_s/M (Huang et al. 2019, GPipe, Sect. 2.2), which is the compute and
+bubble lines; for equal stages the bubble is the familiar (D_PP − 1)/M of the compute. Every peer then pushes its
+vote on the step to every other and applies the step once it has all votes (client/training/step_commit.py), so a
+step ends one latency of the plan's farthest pair after the last peer finished.
+
+The all-reduce is priced as the runtime runs it, not as the paper prices it. hivemind's AllReduceRunner sends every
+shard at once, each pair over its own path, so stage group C_s takes its slowest pair's two sends of its share of
+c_s, the payload of the stage's own layers (the paper sums a member's sends, as if one followed another). And a stage
+starts its all-reduce as soon as its own backward pass ends (client/training/stage_worker.py), while the last
+micro-batch's gradients still cross the stages before it, each spending its backward share b_j of t_j / M (2/3;
+3/4 recomputing): only what outlasts that is on the step's critical path (`exposed_allreduce_s`). Activations and
+gradients between stages are still added to the compute, as the paper adds them, though they overlap in part, so
+the figure errs high. benchmarks/mixed_swarm.py checks it against measured steps (benchmarks/RESULTS.md).
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
 gradients, two moments) plus the activations GPipe keeps for all M micro-batches until the backward pass,
@@ -42,8 +52,8 @@ from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GIB
 
-__all__ = ["Execution", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "predict_step_s", "stage_compute_s",
-           "stage_memory_bytes"]
+__all__ = ["Execution", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "exposed_allreduce_s", "predict_step_s",
+           "stage_compute_s", "stage_memory_bytes"]
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
@@ -51,6 +61,8 @@ _ACTIVATION_BYTES_PER_TOKEN_PER_D = 34
 """Korthikanti et al. 2022, Sect. 4.1: 34·s·b·h + 5·a·s²·b bytes per layer with 16-bit activations."""
 _RECOMPUTE_FLOPS = 4 / 3
 """Forward (2 of the 6 FLOPs per parameter and token) done twice."""
+_BACKWARD_SHARE = {False: 2 / 3, True: 3 / 4}
+"""The backward pass's share of a stage's compute: 4 of 6 FLOPs per parameter and token, 6 of 8 recomputing."""
 
 
 class NoFeasiblePlan(HetswarmError):
@@ -62,7 +74,7 @@ class LiveBreakdown:
     """Seconds of one training step, by cause."""
 
     data_parallel_s: float
-    """DataP of the paper's model: the slowest stage group's sharded all-reduce."""
+    """The stage groups' all-reduces, as far as they outlast the pipeline (`exposed_allreduce_s`)."""
     pipeline_parallel_s: float
     """2·PipeP of the paper's model, as deployed: activations forward and their gradients backward."""
     compute_s: float
@@ -182,6 +194,22 @@ def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray, ex
     return costs.at(costs.flops, execution.layer_counts) / (slowest * 1e12)
 
 
+def exposed_allreduce_s(allreduce_s: np.ndarray, stage_s: np.ndarray, *, micro_batches: int, recompute: bool
+                        ) -> np.ndarray:
+    """(...,) DataP as the runtime runs it: the part of the stage groups' all-reduces that outlasts the pipeline.
+
+    A stage starts its all-reduce when its own backward pass ends (client/training/stage_worker.py), and the last
+    micro-batch's gradients still have stage s − 1 down to 0 to cross: stage s's all-reduce has at least their
+    backward of one micro-batch, Σ_{j<s} b_j / M, to run hidden. Stage 0 has none, so DataP ≥ its all-reduce.
+
+    Args:
+        allreduce_s, stage_s: (..., d_pp) each stage's all-reduce and compute per step, in stage order.
+    """
+    backward = stage_s * _BACKWARD_SHARE[recompute] / micro_batches
+    lead = np.cumsum(backward, axis=-1) - backward  # Σ_{j<s}
+    return (allreduce_s - lead).max(axis=-1)
+
+
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
                    latency_ms: np.ndarray | None = None, execution: Execution | None = None) -> LiveBreakdown:
     """The live model's step time of a deployed plan (module docstring); `plan.breakdown` is its paper cost (for
@@ -207,7 +235,9 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
                              f"{memory_gib[grid[stage, replica]]:.2f} GiB")
     compute = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
     return LiveBreakdown(
-        data_parallel_s=plan.breakdown.data_parallel_s,
+        data_parallel_s=float(exposed_allreduce_s(plan.stage_allreduce_s, compute,
+                                                  micro_batches=execution.micro_batches,
+                                                  recompute=execution.recompute)),
         pipeline_parallel_s=plan.breakdown.pipeline_parallel_s,
         compute_s=float(compute.max()),
         bubble_s=float((compute.sum() - compute.max()) / execution.micro_batches),

@@ -4,13 +4,13 @@ The paper's objective prices communication only (coordinator/cost_model.py); on 
 slow device into every stage group, and every stage then runs at that device's speed. `LiveCostModel` gives the
 search (coordinator/search.py) the step time of coordinator/live_cost.py instead, through the same three hooks:
 
-- a group's term is a row: seconds per FLOP of its slowest device, the memory of its smallest, and each member's
-  all-reduce sends split into a latency part and a part per GB (PaperCostModel.member_times_s), so that a stage's
-  all-reduce can be priced at whatever payload its layers give it;
+- a group's term is a row: seconds per FLOP of its slowest device, the memory of its smallest, and its all-reduce
+  (slowest pair, PaperCostModel.concurrent_allreduce_s) at every stage position and layer count, so that a stage's
+  all-reduce is priced by indexing at whatever payload its layers give it;
 - a pair of groups is linked by the paper's bottleneck matching, as before;
 - `combine` puts the groups in stage order, cuts the layers (`balanced_cut`: a group of slow or small devices
-  holds fewer; or the even cut, whichever is faster) and adds the live model's terms: DataP + 2·PipeP + the
-  slowest stage's compute + GPipe's bubble + the commit vote, plus `PENALTY_S_PER_GIB` for every GiB a stage lacks
+  holds fewer; or the even cut, whichever is faster) and adds the live model's terms: the all-reduces the pipeline
+  does not hide + 2·PipeP + the slowest stage's compute + GPipe's bubble + the commit vote, plus `PENALTY_S_PER_GIB` for every GiB a stage lacks
   on its smallest device, so that the search walks out of infeasible placements instead of seeing a wall. The order
   is the best of all orders for up to `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links,
   either way round (first and last stages hold the embedding and the head, so the direction matters).
@@ -29,7 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetswarm.coordinator.cost_model import PaperCostModel, spanning_tree_weight
-from hetswarm.coordinator.live_cost import Execution, LiveBreakdown, NoFeasiblePlan, StageCosts, stage_memory_bytes
+from hetswarm.coordinator.live_cost import (
+    Execution,
+    LiveBreakdown,
+    NoFeasiblePlan,
+    StageCosts,
+    exposed_allreduce_s,
+    stage_memory_bytes,
+)
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
@@ -93,6 +100,7 @@ class LiveCostModel:
         costs = StageCosts.of(model, self.even, d_dp=self.d_dp)
         self.micro_batches, self.recompute = self.even.micro_batches, recompute
         self.flops = costs.flops  # (d_pp, L + 1)
+        self._first_count = 1 if balanced else self.even.layer_counts[0]  # the fewest layers stage 0 may hold
         self.need_gib = costs.memory_bytes / BYTES_PER_GIB  # (d_pp, L + 1)
         wire_scale = paper.payloads.dp_bytes / model.dp_payload_bytes(self.d_pp)  # the wire's bytes per value
         self.dp_gb = costs.dp_bytes * wire_scale / BYTES_PER_GB  # (d_pp, L + 1)
@@ -113,21 +121,30 @@ class LiveCostModel:
         return np.sort(self.classes[group]).tobytes()
 
     def group_time_s(self, group: np.ndarray) -> np.ndarray:
-        """(2 + 2·D_DP,): seconds per FLOP of its slowest device, its smallest memory (GiB), and each member's
-        all-reduce sends as a latency part and a part per GB of payload (PaperCostModel.member_times_s)."""
+        """(2 + D_PP·(L + 1),): seconds per FLOP of its slowest device, its smallest memory (GiB), and its
+        all-reduce time as stage s with l layers at [2 + s·(L + 1) + l]."""
         block = np.ix_(group, group)
+        latency, per_gb = self.paper.dp_latency_s[block].ravel(), self.paper.dp_s_per_gb[block].ravel()
+        slowest = _envelope(latency, per_gb)
+        allreduce = (latency[slowest] + self.dp_gb[:, :, None] * per_gb[slowest]).max(axis=2)  # (d_pp, L + 1)
         return np.concatenate([[1 / (self.tflops[group].min() * 1e12), self.memory_gib[group].min()],
-                               self.paper.dp_latency_s[block].sum(axis=1), self.paper.dp_s_per_gb[block].sum(axis=1)])
+                               allreduce.ravel()])
+
+    def _allreduce_s(self, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """(..., d_pp) all-reduce seconds of groups in stage order (their rows (..., d_pp, ·)) with their cuts."""
+        stages = np.arange(self.d_pp)
+        return np.take_along_axis(rows, (2 + stages * self.flops.shape[1] + counts)[..., None], axis=-1)[..., 0]
 
     def group_bound_s(self, group_times_s: np.ndarray) -> float:
-        """The latency part of DataP, the compute no cut can beat, and the vote: below any total."""
+        """The first stage's all-reduce (nothing hides it) at its fewest layers in the fastest group, the compute no
+        cut can beat, and the vote: below any total."""
         s_per_flop = group_times_s[:, 0]
         if self.balanced:  # the slowest stage takes at least the average: total work over total speed
             compute = self.total_flops / (1 / s_per_flop).sum()
         else:  # each group takes at least the lightest stage of the even cut
             compute = float(self.flops[np.arange(self.d_pp), list(self.even.layer_counts)].min() * s_per_flop.max())
-        latency = group_times_s[:, 2:2 + self.d_dp].max()
-        return float(latency + compute + self.commit_s)
+        first_allreduce = group_times_s[:, 2 + self._first_count].min()
+        return float(first_allreduce + compute + self.commit_s)
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         return self.paper.link_terms_s(group_a, group_b)
@@ -166,8 +183,7 @@ class LiveCostModel:
         d_pp, n_layers = self.d_pp, self.flops.shape[1] - 1
         stages = np.arange(d_pp)
         s_per_flop, memory = stage_rows[:, 0], stage_rows[:, 1]
-        latency, per_gb = stage_rows[:, 2:2 + self.d_dp], stage_rows[:, 2 + self.d_dp:]
-        allreduce = (latency[:, None, :] + self.dp_gb[:, :, None] * per_gb[:, None, :]).max(axis=2)  # (d_pp, L+1)
+        allreduce = stage_rows[:, 2:].reshape(d_pp, d_pp, n_layers + 1)[stages, stages]  # (d_pp, L + 1)
         time_s = self.flops * s_per_flop[:, None] + allreduce  # (d_pp, L + 1), increasing in the layers
         cap = (self.need_gib <= memory[:, None]).sum(axis=1) - 1  # most layers each stage's group can hold
         if (cap < 1).any() or cap.sum() < n_layers:
@@ -187,17 +203,25 @@ class LiveCostModel:
         """(P,) totals of P stage orders (P, d_pp) with their cuts (P, d_pp), and the terms (data, pipe, compute,
         bubble, short GiB)."""
         stages = np.arange(self.d_pp)[None, :]
-        rows = group_times_s[orders]  # (P, d_pp, 2 + 2·D_DP)
+        rows = group_times_s[orders]  # (P, d_pp, 2 + d_pp·(L + 1))
         stage_s = self.flops[stages, counts] * rows[:, :, 0]  # (P, d_pp)
         short = np.maximum(self.need_gib[stages, counts] - rows[:, :, 1], 0.0).sum(axis=1)
-        payload_gb = self.dp_gb[stages, counts]  # (P, d_pp)
-        allreduce = (rows[:, :, 2:2 + self.d_dp] + payload_gb[:, :, None] * rows[:, :, 2 + self.d_dp:]).max(axis=2)
-        data = allreduce.max(axis=1)
+        data = exposed_allreduce_s(self._allreduce_s(rows, counts), stage_s, micro_batches=self.micro_batches,
+                                   recompute=self.recompute)
         pipe = 2 * link_times_s[orders[:, :-1], orders[:, 1:]].sum(axis=1)
         compute = stage_s.max(axis=1)
         bubble = (stage_s.sum(axis=1) - compute) / self.micro_batches
         totals = data + pipe + compute + bubble + self.commit_s + PENALTY_S_PER_GIB * short
         return totals, (data, pipe, compute, bubble, short)
+
+
+def _envelope(latency: np.ndarray, per_gb: np.ndarray) -> np.ndarray:
+    """Indices of the pairs that are the slowest at some payload: those no other pair beats in both its latency and
+    its seconds per GB (the upper envelope of the lines latency + payload · per_gb, payload ≥ 0)."""
+    order = np.lexsort((-latency, -per_gb))  # steepest first, the slower of equal slopes first
+    sorted_latency = latency[order]
+    before = np.maximum.accumulate(np.concatenate([[-np.inf], sorted_latency[:-1]]))
+    return order[sorted_latency > before]
 
 
 def execution_options(model: ModelConfig, d_dp: int) -> list[tuple[int, bool]]:

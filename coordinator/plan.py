@@ -41,6 +41,9 @@ class Plan:
     """(stage, device) whose sharded all-reduce is slowest: it sets DataP."""
     bottleneck: BottleneckLink | None
     """The slowest pipeline hop of the whole plan; None with a single stage."""
+    stage_allreduce_s: np.ndarray
+    """(d_pp,) each stage group's all-reduce with its sends concurrent, as the runtime runs it (the live model's;
+    PaperCostModel.concurrent_allreduce_s)."""
 
     @property
     def cost_s(self) -> float:
@@ -107,6 +110,7 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
         ),
         data_parallel_critical=(int(stage), int(grid[stage, replica])),
         bottleneck=bottleneck,
+        stage_allreduce_s=model.concurrent_allreduce_s(grid, stage_dp_bytes),
     )
 
 

@@ -38,6 +38,32 @@ def test_step_time_is_communication_plus_slowest_stage_plus_bubble():
     assert live.to_dict()["step_s"] == pytest.approx(live.total_s)
 
 
+def test_a_stage_groups_allreduce_takes_its_slowest_pair_not_a_members_sum_of_sends():
+    latency = np.full((4, 4), 10.0)
+    latency[0, 1] = latency[1, 0] = 30.0
+    network = Network.from_matrices(latency, np.full((4, 4), 1.0))
+    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=4, d_pp=1), d_dp=4, d_pp=1)
+    # c_DP = (2·244 + 48 + 40) params · 4 B = 2304 B, a quarter of it to each peer and back: 2·(α + 8·2304e-9 / 4).
+    shard_s = 8 * 2304e-9 / 4
+    assert paper.concurrent_allreduce_s(np.array([[0, 1, 2, 3]]))[0] == pytest.approx(2 * (0.030 + shard_s))
+    assert paper.member_times_s(np.array([[0, 1, 2, 3]]))[0, 0] == pytest.approx(2 * (0.050 + 3 * shard_s))
+
+
+@pytest.mark.parametrize("slow_stage, data_parallel_s", [
+    (0, 2 * (4.0 + 4.672e-6)),  # nothing hides the first stage's all-reduce
+    (1, 2 * (4.0 + 4.672e-6) - 2 / 3 * 7.776 / 2),  # stage 0's backward of the last micro-batch hides part of it
+])
+def test_an_allreduce_runs_hidden_while_the_stages_before_it_finish_their_backward(slow_stage, data_parallel_s):
+    latency = np.full((4, 4), 10.0)
+    a, b = GRID[slow_stage]
+    latency[a, b] = latency[b, a] = 4000.0
+    network = Network.from_matrices(latency, np.full((4, 4), 1.0))
+    plan = cost_plan(PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=2), d_dp=2, d_pp=2), GRID)
+    live = predict_step_s(plan, MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB)
+    assert live.data_parallel_s == pytest.approx(data_parallel_s)
+    assert live.compute_s == pytest.approx(7.776)  # the backward of stage 0 is 2/3 of it, split in M = 2
+
+
 def test_the_commit_vote_costs_the_plans_largest_latency():
     latency = np.full((4, 4), 10.0)
     latency[1, 3] = latency[3, 1] = 80.0  # two peers of the plan are far apart

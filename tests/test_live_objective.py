@@ -135,17 +135,18 @@ def assert_priced_as_found(result, tflops: np.ndarray, memory: np.ndarray, netwo
     assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
 
 
-def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deployment():
-    network, tflops, memory = swarm(7, 2, 4, small_share=0.0)  # all fit: predict_step_s refuses plans that do not
-    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=4), d_dp=2, d_pp=4)
+@pytest.mark.parametrize("d_dp, d_pp", [(2, 4), (4, 2)])
+def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deployment(d_dp, d_pp):
+    network, tflops, memory = swarm(7, d_dp, d_pp, small_share=0.0)  # all fit: predict_step_s refuses the rest
+    paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
     for balanced in (False, True):
         live = LiveCostModel(paper, Hardware(model=MODEL, tflops=tflops, memory_gib=memory), balanced=balanced)
         cached = CachedEvaluator(live)
         rng = np.random.default_rng(0)
         for _ in range(20):
-            candidate = cached.candidate(rng.permutation(8).reshape(4, 2))
+            candidate = cached.candidate(rng.permutation(8).reshape(d_pp, d_dp))
             execution = live.execution(candidate.breakdown)
-            stage_dp_bytes = live.dp_gb[np.arange(4), list(execution.layer_counts)] * BYTES_PER_GB
+            stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
             plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes)
             priced = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
                                     execution=execution)
