@@ -202,14 +202,20 @@ def _checked_matrix(label: str, matrix: Any) -> np.ndarray:
 def _twin_classes(latency: np.ndarray, bandwidth: np.ndarray, sites: tuple[str, ...]) -> np.ndarray:
     """Class ids such that devices d, e share one only if M[d, x] == M[e, x] for every x outside {d, e}.
 
-    Twins are looked for within a site only (a cheap, conservative hint); every pair is verified exactly.
+    Twins are looked for within a site, among devices whose rows hold the same values off the diagonal (twins' rows
+    differ only in where they hold 0 and their link to each other): cheap, conservative hints; every pair is
+    verified exactly.
     """
     n = len(sites)
     links = np.stack([latency, bandwidth], axis=-1)  # (N, N, 2)
+    off_diagonal = ~np.eye(n, dtype=bool)
+    fingerprints = np.sort(links[off_diagonal].reshape(n, n - 1, 2), axis=1)  # (N, N - 1, 2)
+    candidates: dict[tuple[str, bytes], list[int]] = {}
+    for d in range(n):
+        candidates.setdefault((sites[d], fingerprints[d].tobytes()), []).append(d)
     classes = np.full(n, -1)
     next_class = 0
-    for site in dict.fromkeys(sites):
-        members = [d for d in range(n) if sites[d] == site]
+    for members in candidates.values():
         representatives: list[int] = []
         for d in members:
             for rep in representatives:
