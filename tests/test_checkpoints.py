@@ -31,11 +31,11 @@ def test_a_saved_checkpoint_is_found_whole_and_only_the_newest_are_kept(tmp_path
         folder.save(state_at(step), layers=LAST, model=TINY, plan_version=3)
     assert [meta.step for meta in folder.list()] == [12, 8]
     assert not list(tmp_path.rglob("*.partial")) and len(list(tmp_path.rglob("*.state"))) == 2
-    found = folder.find(12, units_of_layers(LAST, TINY.n_layers))
+    found = folder.find_part(12, units_of_layers(LAST, TINY.n_layers))
     assert found is not None and found.step == 12
     for name, tensor in state_at(12).tensors.items():
         assert torch.equal(found.tensors[name], tensor), name
-    assert folder.find(4, ["head"]) is None and folder.find(12, ["embed"]) is None
+    assert folder.find_part(4, ["head"]) is None and folder.find_part(12, ["embed"]) is None
     assert folder.infos() == [CheckpointInfo(step=12, layers=[2, 4], plan_version=3),
                               CheckpointInfo(step=8, layers=[2, 4], plan_version=3)]
 
@@ -46,7 +46,7 @@ def test_a_corrupt_or_half_written_checkpoint_is_skipped(tmp_path, caplog):
     data = bytearray(meta.path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     meta.path.write_bytes(bytes(data))
-    assert folder.find(8, ["head"]) is None and "does not match its SHA-256" in caplog.text
+    assert folder.find_part(8, ["head"]) is None and "does not match its SHA-256" in caplog.text
     (folder.folder / "layers-2-4-step-9.json").write_text("{not json")
     assert [m.step for m in folder.list()] == [8] and "Skipped the checkpoint" in caplog.text
 

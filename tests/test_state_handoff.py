@@ -97,6 +97,24 @@ def test_a_checkpoint_on_disk_is_served(tmp_path):
     assert same(state, saved) and report.bytes > 0
 
 
+def test_a_peer_finds_the_part_of_a_new_cut_it_holds_in_memory_and_on_disk(tmp_path):
+    """A re-plan that cuts the layers anew (2/2 → 3/1) gives a stage 0 peer layers 0-3: it holds 0-2 on disk and
+    a copy of layer 2 in memory, and the rest is for others to hand off."""
+    first_stage = build_stage(TINY, 0, 2, seed=0)
+    kept = StageState.capture(first_stage, StageConfig().build_optimizer(first_stage.parameters()), step=12)
+    checkpoints = CheckpointDir(tmp_path, "handofftest")
+    checkpoints.save(kept, layers=(0, 2), model=TINY, plan_version=1)
+    store = StateStore(checkpoints)
+    store.remember(stage_state(12).select(["blocks.2"]))
+    wanted = units_of_layers((0, 3), TINY.n_layers)
+    part = store.find_part(12, wanted)
+    assert part is not None and part.units == sorted(wanted)
+    assert same(part.select(["embed", "blocks.0", "blocks.1"]), kept)
+    assert store.find(12, [*wanted, "blocks.3"]) is None  # not all of it
+    assert store.find_part(12, ["blocks.3", "embed"]).units == ["embed"]
+    assert store.find_part(11, wanted) is None
+
+
 def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_switched():
     async def scenario():
         async with connected_p2ps(3) as (me, ahead, behind):

@@ -114,7 +114,7 @@ class Scenario:
         return found
 
     def checkpoint(self, peer: str, step: int, layers: tuple[int, int]) -> dict[str, torch.Tensor]:
-        state = CheckpointDir(self.folder_of[peer], SWARM).find(step, units_of_layers(layers, TINY.n_layers))
+        state = CheckpointDir(self.folder_of[peer], SWARM).find_part(step, units_of_layers(layers, TINY.n_layers))
         assert state is not None, f"no checkpoint of step {step} in {self.folder_of[peer]}"
         return {name: tensor for name, tensor in state.tensors.items() if ":" not in name}
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetswarm.client.training.stage_state import StageState, decode_tensors, unit_of, units_of_layers
+from hetswarm.client.training.stage_state import StageState, decode_tensors, merged, unit_of, units_of_layers
 from hetswarm.protocol.atomic_files import write_bytes, write_json
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.keys import check_swarm_name
@@ -92,20 +92,21 @@ class CheckpointDir:
         """What a peer record advertises: the newest checkpoints."""
         return [meta.info() for meta in self.list()[:MAX_CHECKPOINTS_PER_RECORD]]
 
-    def find(self, step: int, units: list[str]) -> StageState | None:
-        """The state of ``units`` ready for ``step`` from a checkpoint that holds them all, checked against its
-        digest; None when there is none (a corrupt one is logged and skipped)."""
+    def find_part(self, step: int, units: list[str]) -> StageState | None:
+        """Those of ``units`` the checkpoints of ``step`` hold, each checked against its digest; None when they hold
+        none (a corrupt one is logged and skipped)."""
+        part, missing = None, set(units)
         for meta in self.list():
-            if meta.step != step:
-                continue
-            held = set(units_of_layers(meta.layers, int(meta.model.get("n_layers", 0))))
-            if not set(units) <= held:
+            held = missing & set(units_of_layers(meta.layers, int(meta.model.get("n_layers", 0))))
+            if meta.step != step or not held:
                 continue
             try:
-                return self.load(meta).select(units)
+                part = merged(part, self.load(meta).select(sorted(held)))
             except (OSError, RejectedInput) as e:
                 logger.warning(f"Skipped the checkpoint {meta.path}: {e}")
-        return None
+                continue
+            missing -= held
+        return part
 
     def load(self, meta: CheckpointMeta) -> StageState:
         """Raises: OSError, RejectedInput (the data does not match its digest or is not a state)."""

@@ -118,6 +118,13 @@ class StageState:
         return hashlib.sha256(self.encode()).digest()
 
 
+def merged(part: StageState | None, other: StageState | None) -> StageState | None:
+    """Two parts of one step's state as one; either may be None (nothing held)."""
+    if part is None or other is None:
+        return part or other
+    return part.merge(other)
+
+
 def byte_parts(blob: bytes) -> Iterator[bytes]:
     """An encoded state cut into the stream messages that carry it."""
     for offset in range(0, len(blob), _PART_BYTES):

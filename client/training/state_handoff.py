@@ -33,7 +33,7 @@ from hivemind.proto import runtime_pb2
 from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError, dial_failed
-from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
+from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, merged
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
 
@@ -107,11 +107,20 @@ class StateStore:
         self._states = [state for state in self._states if state.step <= step]
 
     def find(self, step: int, units: Sequence[str]) -> StageState | None:
-        """The state of ``units`` ready for ``step``, from memory or else from a checkpoint (blocking: disk)."""
+        """The state of all of ``units`` ready for ``step``, or None (blocking: disk)."""
+        part = self.find_part(step, units)
+        return part if part is not None and set(units) <= set(part.units) else None
+
+    def find_part(self, step: int, units: Sequence[str]) -> StageState | None:
+        """Those of ``units`` this peer holds for ``step``, from memory and else from checkpoints (blocking: disk);
+        None when it holds none. A plan that cuts the layers anew leaves a peer part of its new stage."""
+        part, missing = None, set(units)
         for state in self._states:
-            if state.step == step and set(units) <= set(state.units):
-                return state.select(list(units))
-        return self.checkpoints.find(step, list(units)) if self.checkpoints is not None else None
+            if state.step == step and (held := missing & set(state.units)):
+                part, missing = merged(part, state.select(sorted(held))), missing - held
+        if missing and self.checkpoints is not None:
+            part = merged(part, self.checkpoints.find_part(step, sorted(missing)))
+        return part
 
 
 class StateServer(ServicerBase):
@@ -133,19 +142,16 @@ class StateServer(ServicerBase):
         await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
     async def _encodings(self, step: int, units: list[str]) -> dict[str, tuple[bytes, str]]:
-        """(encoding, SHA-256 hex) of each of ``units`` held at ``step``; one lookup for them all when one state holds
-        them (a checkpoint is then read and checked once), and cached for the step."""
+        """(encoding, SHA-256 hex) of each of ``units`` held at ``step``; one lookup for them all (a checkpoint is
+        read and checked once), cached for the step."""
         if any(cached_step != step for cached_step, _ in self._encoded):
             self._encoded.clear()  # one step's encodings at a time
         wanted = [unit for unit in units if (step, unit) not in self._encoded]
-        if wanted:
-            found = await asyncio.to_thread(self.store.find, step, wanted)
-            states = [found] if found is not None else [
-                await asyncio.to_thread(self.store.find, step, [unit]) for unit in wanted]
-            for state in (state for state in states if state is not None):
-                for unit in state.units:
-                    blob = await asyncio.to_thread(state.select([unit]).encode)
-                    self._encoded[step, unit] = (blob, hashlib.sha256(blob).hexdigest())
+        found = await asyncio.to_thread(self.store.find_part, step, wanted) if wanted else None
+        if found is not None:
+            for unit in found.units:
+                blob = await asyncio.to_thread(found.select([unit]).encode)
+                self._encoded[step, unit] = (blob, hashlib.sha256(blob).hexdigest())
         return {unit: self._encoded[step, unit] for unit in units if (step, unit) in self._encoded}
 
     async def rpc_state_info(self, request: runtime_pb2.ExpertRequest, context: P2PContext

@@ -39,7 +39,7 @@ from hetswarm.client.peer.node import SwarmNode
 from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import CommitUnknown, StageError
-from hetswarm.client.training.stage_state import StageState, units_of_layers
+from hetswarm.client.training.stage_state import StageState, merged, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
 from hetswarm.client.training.state_handoff import (
     HandoffReport,
@@ -279,9 +279,10 @@ class Trainer:
         units = units_of_layers(tuple(assignment.stage_layers[role.stage]), model.n_layers)
         seeded = set(units) if handoff is None else {
             unit for a, b in handoff.seeded_layers for unit in units_of_layers((a, b), model.n_layers)}
-        wanted = [unit for unit in units if unit not in seeded]
-        local = await asyncio.to_thread(self.store.find, step, units)
-        if local is not None or not wanted:
+        local = await asyncio.to_thread(self.store.find_part, step, units)  # a new cut may leave us a part
+        held = set() if local is None else set(local.units)
+        missing = [unit for unit in units if unit not in seeded and unit not in held]
+        if not missing:
             origin: StateOrigin = "seed" if local is None else "kept"
             self.origin = (origin, HandoffReport(step=step, bytes=0, seconds=0.0))
             logger.info(f"Stage {role.stage} starts at step {step} from "
@@ -289,14 +290,15 @@ class Trainer:
             return local
         candidates = [*handoff.sources, *(chain[role.stage] for chain in assignment.pipelines)][:64]
         state, report = await fetch_state(
-            self.node.p2p, [PeerID.from_base58(peer) for peer in candidates], step=step, units=wanted, model=model,
+            self.node.p2p, [PeerID.from_base58(peer) for peer in candidates], step=step, units=missing, model=model,
             namespace=state_namespace(self.node.config.swarm), timeout_s=self.config.handoff_timeout_s)
         self.origin = ("checkpoint" if handoff.resumed_from_checkpoint else "handed off", report)
-        lost = sorted(seeded & set(units))
+        lost = sorted(seeded & set(units) - held)
         logger.info(f"Stage {role.stage} state for step {step} handed off: {report.describe()}"
                     f"{' (from checkpoints)' if handoff.resumed_from_checkpoint else ''}"
+                    f"{'; held here: ' + ', '.join(sorted(held)) if held else ''}"
                     f"{'; from the seed: ' + ', '.join(lost) if lost else ''}")
-        return state
+        return merged(local, state)
 
     async def _wait_for_peers(self, assignment: Assignment, role: PeerRole) -> None:
         """Until the peers this stage talks to say, in their records, that they follow this version too."""
