@@ -21,6 +21,7 @@ from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
+from tests.helpers.scheduler_oracles import balanced_partitions
 
 MODEL = replace(get_model_config("small"), batch_tokens=64 * 256)
 
@@ -42,18 +43,6 @@ def swarm(seed: int, d_dp: int, d_pp: int, *, small_share: float = 0.3) -> tuple
     return Network.from_matrices(latency, bandwidth, name=f"random-{seed}"), tflops, memory
 
 
-def partitions(devices: tuple[int, ...], size: int):
-    """Every split of `devices` into unordered groups of `size` (the first device's group first)."""
-    if not devices:
-        yield []
-        return
-    first, rest = devices[0], devices[1:]
-    for others in itertools.combinations(rest, size - 1):
-        remaining = tuple(d for d in rest if d not in others)
-        for tail in partitions(remaining, size):
-            yield [[first, *others], *tail]
-
-
 def compositions(total: int, parts: int):
     """Every cut of `total` layers into `parts` stages of at least one."""
     for bounds in itertools.combinations(range(1, total), parts - 1):
@@ -73,7 +62,7 @@ def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *
         for execution in executions:
             stage_dp_bytes = [MODEL.dp_payload_bytes_of(count, first=s == 0, last=s == paper.d_pp - 1)
                               for s, count in enumerate(execution.layer_counts)]
-            for groups in partitions(tuple(range(paper.n_devices)), paper.d_dp):
+            for groups in balanced_partitions(tuple(range(paper.n_devices)), paper.d_dp):
                 for order in itertools.permutations(range(paper.d_pp)):
                     plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes))
                     try:
