@@ -132,7 +132,7 @@ def scenario_rows(specs: list[str], args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="*", default=["1024:60:10"],
-                        help="DEVICES:BUDGET_S:LONGER geo-distributed swarms, the reference searching LONGER × as long")
+                        help="DEVICES:BUDGET_S:LONGER geo-distributed swarms, the reference LONGER × as long")
     parser.add_argument("--scenarios", nargs="*", default=[],
                         help="SCENARIO:BUDGET_S:LONGER, heterogeneous 64-device scenarios (8 stages)")
     parser.add_argument("--stages", type=int, default=16)

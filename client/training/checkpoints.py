@@ -96,9 +96,9 @@ class CheckpointDir:
         """Those of ``units`` the checkpoints of ``step`` hold, each checked against its digest; None when they hold
         none (a corrupt one is logged and skipped)."""
         part, missing = None, set(units)
-        for meta in self.list():
+        for meta in (meta for meta in self.list() if meta.step == step):
             held = missing & set(units_of_layers(meta.layers, int(meta.model.get("n_layers", 0))))
-            if meta.step != step or not held:
+            if not held:
                 continue
             try:
                 part = merged(part, self.load(meta).select(sorted(held)))

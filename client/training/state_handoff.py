@@ -106,11 +106,6 @@ class StateStore:
         trajectory it abandoned (the coordinator no longer resumes from their checkpoints either)."""
         self._states = [state for state in self._states if state.step <= step]
 
-    def find(self, step: int, units: Sequence[str]) -> StageState | None:
-        """The state of all of ``units`` ready for ``step``, or None (blocking: disk)."""
-        part = self.find_part(step, units)
-        return part if part is not None and set(units) <= set(part.units) else None
-
     def find_part(self, step: int, units: Sequence[str]) -> StageState | None:
         """Those of ``units`` this peer holds for ``step``, from memory and else from checkpoints (blocking: disk);
         None when it holds none. A plan that cuts the layers anew leaves a peer part of its new stage."""
