@@ -13,7 +13,8 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
   does not hide + 2·PipeP + the slowest stage's compute + GPipe's bubble + the commit vote, plus
   `PENALTY_S_PER_GIB` for every GiB a stage lacks on its smallest device, so that the search walks out of
   infeasible placements instead of seeing a wall. The order is the best of all orders for up to
-  `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links, either way round (first and last stages hold the embedding and the head, so the direction matters).
+  `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links, either way round (first and last
+  stages hold the embedding and the head, so the direction matters).
 
 A model is searched with one way of running its stages (`execution_options`: micro-batches, recomputation), the
 first that lets a plan fit. Devices are interchangeable for the search only if they are network twins with the same
