@@ -42,7 +42,7 @@ from hetswarm.coordinator.live_objective import Hardware, execution_options, fit
 from hetswarm.coordinator.plan import Plan, cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.coordinator.sticky import held_layers, migration, sticky_pipelines
+from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_id
@@ -488,7 +488,8 @@ class Replanner:
         gain_s = sticky.live.total_s - searched.live.total_s
         staying = migration(kept, runs.stage_layers, held, view, model)
         extra_s = moves.seconds - staying.seconds
-        if gain_s >= self.config.improvement * sticky.live.total_s and gain_s * self.config.payback_steps > extra_s:
+        if search_pays(moves, staying, gain_s, sticky.live.total_s, improvement=self.config.improvement,
+                       payback_steps=self.config.payback_steps):
             faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
             if not moves.moves:
                 return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"

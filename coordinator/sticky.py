@@ -10,8 +10,11 @@ and two moments), over the best link from a holder, the movers in parallel. So e
 * the *searched* plan: the scheduler's best over the same peers.
 
 The searched plan wins when it is predicted at least ``improvement`` faster per step than the sticky one (the
-hysteresis the replanner already applies to plans on unchanged peers) and its extra hand-off time is won back
-within ``payback_steps`` steps. The reason says which peers moved and why.
+hysteresis the replanner already applies to plans on unchanged peers) and, if it moves a peer the sticky plan does
+not, its extra hand-off time is won back within ``payback_steps`` steps. Moving one more peer never counts as
+free, even when the movers' parallel downloads would end sooner (measured links are noisy; on loopback they are
+all noise): with ``payback_steps = 0`` only the peers the sticky plan moves anyway may move. The reason says which
+peers moved and why.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_layers", "held_stages", "migration", "sticky_pipelines"]
+__all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_layers", "held_stages", "migration", "search_pays",
+           "sticky_pipelines"]
 
 STATE_BYTES_PER_PARAM = 12
 """fp32 parameter + AdamW's two fp32 moments."""
@@ -79,6 +83,16 @@ def migration(pipelines: list[list[str]], stage_layers: list[tuple[int, int]], h
             times = edge_time_s(network.latency_ms[holders, me], network.bandwidth_gbps[holders, me], state_gb)
             seconds = max(seconds, float(times.min()))
     return Migration(moves, seconds)
+
+
+def search_pays(searched: Migration, sticky: Migration, gain_s: float, sticky_step_s: float, *,
+                improvement: float, payback_steps: int) -> bool:
+    """Whether the searched plan, `gain_s` faster per step than the sticky one, is worth its moves (module
+    docstring)."""
+    if gain_s < improvement * sticky_step_s:
+        return False
+    extra_movers = {peer for peer, stage in searched.moves.items() if sticky.moves.get(peer) != stage}
+    return not extra_movers or gain_s * payback_steps > max(searched.seconds - sticky.seconds, 0.0)
 
 
 def _overlap(layers: tuple[int, int], other: tuple[int, int] | None) -> tuple[int, int] | None:
