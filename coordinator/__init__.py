@@ -11,7 +11,7 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * baselines.py    - random and default (device-order) placement
  * plan.py         - Plan (stage × replica grid), cost_plan, plan_from_partition
  * scheduler.py    - find_plan: network + payloads in, deployable plan out
- * live_cost.py    - the live cost model: paper communication + per-peer compute + GPipe bubble, memory limits
+ * live_cost.py    - the live cost model: paper communication + per-peer compute + pipeline bubble + memory
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
  * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan

@@ -150,6 +150,7 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         breakdown=proposal.live.to_dict() | {"paper_cost_s": float(proposal.plan.cost_s)},
         micro_batches=proposal.execution.micro_batches,
         recompute=proposal.execution.recompute,
+        schedule=proposal.execution.schedule,
         step=step,
         reason=reason[:256],
         issued_at=get_dht_time(),

@@ -43,7 +43,7 @@ class ClaimCheck:
             model = plan.model_config()
         except (TypeError, ValueError):
             return
-        execution = Execution.of_layers(plan.stage_layers, micro_batches=plan.micro_batches, recompute=plan.recompute)
+        execution = Execution.of_assignment(plan)
         costs = StageCosts.of(model, execution, d_dp=plan.d_dp)
         flops = costs.at(costs.flops, execution.layer_counts)  # (d_pp,) per step and pipeline, as the plan cuts
         for signer, record in progress.items():

@@ -11,8 +11,9 @@ combine. The live cost model (per-peer compute, micro-batch bubbles) plugs in by
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -135,6 +136,14 @@ class PaperCostModel:
 
     def group_key(self, group: np.ndarray) -> Hashable:
         return np.sort(self._classes[group]).tobytes()
+
+    def with_pp_bytes(self, pp_bytes: float) -> PaperCostModel:
+        """The same model with another activation payload (the live model's one micro-batch): only the hop times
+        differ, so the rest is shared, not recomputed."""
+        other = copy.copy(self)
+        other.payloads = replace(self.payloads, pp_bytes=pp_bytes)
+        other.pp_edge_s = edge_time_s(self.network.latency_ms, self.network.bandwidth_gbps, pp_bytes / BYTES_PER_GB)
+        return other
 
     def group_time_s(self, group: np.ndarray) -> float:
         return float(self.dp_edge_s[np.ix_(group, group)].sum(axis=1).max())

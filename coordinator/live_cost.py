@@ -3,57 +3,69 @@
 The paper's model prices communication only, because its GPUs are identical (docs/dtfm.md, Cost model). A swarm of
 volunteers is not, so the live model adds what the paper leaves out:
 
-    step_s = DataP + 2·PipeP                      communication: 2·PipeP is the paper's, on the measured matrices
-           + max_s t_s                            compute of the slowest stage over the whole batch
-           + (Σ_s t_s − max_s t_s) / M            GPipe's fill and drain bubble
-           + max_{i,j} α_ij / 1000                the commit vote: the last peer's vote crossing the plan
-    t_s    = F_s · B / D_DP / min_{r} TFLOPS[s, r]
-    DataP  = max_s (A_s − Σ_{j<s} b_j · t_j / M)  the all-reduces, less what the pipeline's drain hides
+    step_s = Φ(f) + Φ(b) + DataP + max_{i,j} α_ij / 1000   forward, backward, all-reduces, the commit vote
+    Φ(x)   = Σ_s x_s + Σ_h p_h + (M − 1)·max(max_s x_s, max_h p_h)
+    f_s, b_s = (1 − w)·t_s / M, w·t_s / M           one micro-batch's forward and backward on stage s
+    t_s    = F_s · B / D_DP / min_r TFLOPS[s, r]    stage s's compute over its pipeline's share of the step
+    p_h    = max_r (α_hr/1000 + 8·c_PP / (M·β_hr))  one micro-batch's activations (or gradients) over hop h
+    DataP  = max_s (A_s − Σ_{j<s} b_j)              the all-reduces, less what the pipeline's drain hides
     A_s    = max_{i,j ∈ C_s} 2·(α_ij/1000 + 8·c_s / (D_DP·β_ij))
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
-tokens of one step over all pipelines, M the micro-batches per pipeline, and the slowest replica of a stage sets
-its time because every replica waits for the stage group's all-reduce. With M micro-batches of time t_s / M each,
-GPipe's makespan is Σ_s t_s/M + (M − 1)·max_s t_s/M (Huang et al. 2019, GPipe, Sect. 2.2), which is the compute and
-bubble lines; for equal stages the bubble is the familiar (D_PP − 1)/M of the compute. Every peer then pushes its
-vote on the step to every other and applies the step once it has all votes (client/training/step_commit.py), so a
-step ends one latency of the plan's farthest pair after the last peer finished.
+tokens of one step over all pipelines, M the micro-batches per pipeline, w the backward's share of the compute
+(2/3; 3/4 recomputing), and the slowest replica of a stage sets its time because every replica waits for the stage
+group's all-reduce. Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose
+stages are the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it
+computes m + 1 (client/training/stage_worker.py sends in the background), one message after another on each
+direction of a link (client/peer/emulation.py emulates exactly that wire). When compute is the bottleneck,
+Φ(f) + Φ(b) = max_s t_s + (Σ_s t_s − max_s t_s)/M + 2·Σ_h p_h: the compute, the bubble (for equal stages the
+familiar (D_PP − 1)/M of the compute), and each hop's transfer of *one* micro-batch each way, where the paper
+charges 2·PipeP, the whole batch's (docs/dtfm.md). The breakdown reports the first two as compute and bubble and
+the rest as the pipeline's communication (`pipeline_terms`). Every peer then pushes its vote on the step to every
+other and applies the step once it has all votes (client/training/step_commit.py), so a step ends one latency of
+the plan's farthest pair after the last peer finished.
 
 The all-reduce is priced as the runtime runs it, not as the paper prices it. hivemind's AllReduceRunner sends every
 shard at once, each pair over its own path, so stage group C_s takes its slowest pair's two sends of its share of
 c_s, the payload of the stage's own layers (the paper sums a member's sends, as if one followed another). And a stage
 starts its all-reduce as soon as its own backward pass ends (client/training/stage_worker.py), while the last
-micro-batch's gradients still cross the stages before it, each spending its backward share b_j of t_j / M (2/3;
-3/4 recomputing): only what outlasts that is on the step's critical path (`exposed_allreduce_s`). Activations and
-gradients between stages are still added to the compute, as the paper adds them, though they overlap in part, so
-the figure errs high. benchmarks/mixed_swarm.py checks it against measured steps (benchmarks/RESULTS.md).
+micro-batch's gradients still cross the stages before it, each spending b_j: only what outlasts that is on the
+step's critical path (`exposed_allreduce_s`). benchmarks/mixed_swarm.py checks the model against measured steps
+(benchmarks/RESULTS.md).
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
-gradients, two moments) plus the activations GPipe keeps for all M micro-batches until the backward pass,
-34·h + 5·a·s bytes per token per layer for 16-bit activations (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", Sect. 4.1). A plan putting a stage on a peer that cannot hold it is
+gradients, two moments) plus the activations of the micro-batches in flight, 34·h + 5·a·s bytes per token per
+layer for 16-bit activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", Sect. 4.1). GPipe keeps all M micro-batches until the backward pass. 1F1B (Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sect. 2.2.1; PipeDream-Flush)
+starts micro-batch m's backward as soon as it can, so stage s holds at most min(D_PP − s, M) of them. Its step
+is GPipe's for equal stages and no longer for unequal ones, so the step time above holds for GPipe and bounds 1F1B
+(tests/test_pipeline_schedule.py plays both). A plan putting a stage on a peer that cannot hold it is
 refused (`NoFeasiblePlan`).
 
 How a plan runs (`Execution`, carried by the Assignment) changes both: its cut of the layers (a stage of slow
-devices may hold fewer), its micro-batch count M, and recomputation, where each layer keeps only its input (h
-values per token) and rebuilds the rest in the backward pass, one layer of one micro-batch at a time (Chen et al.
-2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward runs twice).
+devices may hold fewer), its pipeline schedule, its micro-batch count M, and recomputation, where each layer keeps
+only its input (h values per token) and rebuilds the rest in the backward pass, one layer of one micro-batch at a
+time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward
+runs twice).
 `StageCosts` tabulates every stage position and layer count, so that the search (coordinator/live_objective.py)
 prices cuts by indexing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from hetswarm.coordinator.plan import Plan
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.records import Assignment, PipelineSchedule
 from hetswarm.protocol.units import BYTES_PER_GIB
 
-__all__ = ["Execution", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "exposed_allreduce_s", "predict_step_s",
-           "stage_compute_s", "stage_memory_bytes"]
+__all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "exposed_allreduce_s",
+           "in_flight", "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes"]
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
@@ -76,7 +88,7 @@ class LiveBreakdown:
     data_parallel_s: float
     """The stage groups' all-reduces, as far as they outlast the pipeline (`exposed_allreduce_s`)."""
     pipeline_parallel_s: float
-    """2·PipeP of the paper's model, as deployed: activations forward and their gradients backward."""
+    """Activations forward and their gradients backward, as far as they outlast the compute (`pipeline_terms`)."""
     compute_s: float
     """The slowest stage's forward and backward over its pipeline's share of the batch."""
     bubble_s: float
@@ -95,29 +107,44 @@ class LiveBreakdown:
                 "commit_s": float(self.commit_s), "step_s": float(self.total_s)}
 
 
+class ExecutionOption(NamedTuple):
+    """An `Execution` but for its cut: what the planner chooses to make stages fit (live_objective.execution_options)."""
+
+    micro_batches: int
+    recompute: bool = False
+    schedule: PipelineSchedule = "gpipe"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Execution:
     """How a plan runs its stages (the Assignment carries it): the layers of each, the micro-batches each pipeline
-    splits a step into, and whether the stages recompute their activations in the backward pass instead of keeping
-    them (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": each layer keeps only its input)."""
+    splits a step into, the pipeline schedule, and whether the stages recompute their activations in the backward
+    pass instead of keeping them (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": each layer keeps
+    only its input)."""
 
     layer_counts: tuple[int, ...]
     """Layers of each stage, in stage order."""
     micro_batches: int
     recompute: bool = False
+    schedule: PipelineSchedule = "gpipe"
 
     @classmethod
-    def even(cls, model: ModelConfig, d_pp: int, *, micro_batches: int | None = None,
-             recompute: bool = False) -> Execution:
+    def even(cls, model: ModelConfig, d_pp: int, *, micro_batches: int | None = None, recompute: bool = False,
+             schedule: PipelineSchedule = "gpipe") -> Execution:
         """The model's own cut (ModelConfig.stage_layers) and micro-batch count."""
         return cls(layer_counts=tuple(b - a for a, b in model.stage_layers(d_pp)),
-                   micro_batches=micro_batches or model.micro_batches, recompute=recompute)
+                   micro_batches=micro_batches or model.micro_batches, recompute=recompute, schedule=schedule)
 
     @classmethod
-    def of_layers(cls, stage_layers: list[list[int]], *, micro_batches: int, recompute: bool) -> Execution:
-        """From a plan's layer ranges (an Assignment's `stage_layers`)."""
-        return cls(layer_counts=tuple(b - a for a, b in stage_layers), micro_batches=micro_batches,
-                   recompute=recompute)
+    def of_assignment(cls, assignment: Assignment) -> Execution:
+        """How an assignment's stages run."""
+        return cls(layer_counts=tuple(b - a for a, b in assignment.stage_layers),
+                   micro_batches=assignment.micro_batches, recompute=assignment.recompute,
+                   schedule=assignment.schedule)
+
+    @property
+    def option(self) -> ExecutionOption:
+        return ExecutionOption(self.micro_batches, self.recompute, self.schedule)
 
     @property
     def stage_layers(self) -> list[tuple[int, int]]:
@@ -127,7 +154,15 @@ class Execution:
 
     def describe(self) -> str:
         return (f"layers {'/'.join(map(str, self.layer_counts))}, {self.micro_batches} micro-batches"
+                f"{', 1F1B' if self.schedule == '1f1b' else ''}"
                 f"{', recomputing activations' if self.recompute else ''}")
+
+
+def in_flight(schedule: PipelineSchedule, *, d_pp: int, micro_batches: int) -> np.ndarray:
+    """(d_pp,) micro-batches whose activations a stage holds at most at once (module docstring, Memory)."""
+    if schedule == "gpipe":
+        return np.full(d_pp, micro_batches)
+    return np.minimum(d_pp - np.arange(d_pp), micro_batches)
 
 
 class StageCosts:
@@ -135,7 +170,7 @@ class StageCosts:
     (d_pp, n_layers + 1), so that any cut of the model is priced by indexing (the search tries many)."""
 
     def __init__(self, model: ModelConfig, *, d_pp: int, d_dp: int, micro_batches: int, recompute: bool,
-                 dp_bytes_per_value: float | None = None) -> None:
+                 schedule: PipelineSchedule = "gpipe", dp_bytes_per_value: float | None = None) -> None:
         layers = np.arange(model.n_layers + 1)
         tokens = model.batch_tokens / d_dp  # one pipeline's share of the step
 
@@ -145,12 +180,13 @@ class StageCosts:
 
         params = table(model.params_of)
         full = _ACTIVATION_BYTES_PER_TOKEN_PER_D * model.d_model + 5 * model.n_heads * model.seq_len  # per layer
-        if recompute:  # every micro-batch's layer inputs, and one layer of one micro-batch rebuilt at a time
-            kept = tokens * layers * model.d_model * model.activation_bytes_per_value
+        held = (tokens / micro_batches * in_flight(schedule, d_pp=d_pp, micro_batches=micro_batches))[:, None]
+        if recompute:  # the layer inputs of the micro-batches in flight, and one layer of one rebuilt at a time
+            kept = held * layers * model.d_model * model.activation_bytes_per_value
             activations = kept + np.where(layers > 0, tokens / micro_batches * full, 0.0)
-        else:  # GPipe keeps every activation of every micro-batch until the backward pass
-            activations = tokens * layers * full
-        self.memory_bytes = params * OPTIMIZER_BYTES_PER_PARAM + activations[None, :]
+        else:  # every activation of the micro-batches in flight, until their backward pass
+            activations = held * layers * full
+        self.memory_bytes = params * OPTIMIZER_BYTES_PER_PARAM + activations  # (d_pp, L + 1)
         """Parameters with optimizer state, plus stored activations (Korthikanti et al. 2022, Sect. 4.1)."""
         self.flops = table(model.flops_per_token_of) * tokens * (_RECOMPUTE_FLOPS if recompute else 1.0)
         """Per step and pipeline; recomputation runs the forward pass twice."""
@@ -162,7 +198,7 @@ class StageCosts:
     def of(cls, model: ModelConfig, execution: Execution, *, d_dp: int,
            dp_bytes_per_value: float | None = None) -> StageCosts:
         return cls(model, d_pp=len(execution.layer_counts), d_dp=d_dp, micro_batches=execution.micro_batches,
-                   recompute=execution.recompute, dp_bytes_per_value=dp_bytes_per_value)
+                   recompute=execution.recompute, schedule=execution.schedule, dp_bytes_per_value=dp_bytes_per_value)
 
     def at(self, table: np.ndarray, layer_counts: tuple[int, ...]) -> np.ndarray:
         """(d_pp,) the entries of `table` for a cut."""
@@ -198,9 +234,10 @@ def exposed_allreduce_s(allreduce_s: np.ndarray, stage_s: np.ndarray, *, micro_b
                         ) -> np.ndarray:
     """(...,) DataP as the runtime runs it: the part of the stage groups' all-reduces that outlasts the pipeline.
 
-    A stage starts its all-reduce when its own backward pass ends (client/training/stage_worker.py), and the last
-    micro-batch's gradients still have stage s − 1 down to 0 to cross: stage s's all-reduce has at least their
-    backward of one micro-batch, Σ_{j<s} b_j / M, to run hidden. Stage 0 has none, so DataP ≥ its all-reduce.
+    A stage starts its all-reduce when its own backward pass ends (client/training/stage_worker.py), and the
+    gradients of its last micro-batch (under GPipe and 1F1B alike) still have stage s − 1 down to 0 to cross: stage
+    s's all-reduce has at least their backward of one micro-batch, Σ_{j<s} b_j, to run hidden. Stage 0 has none,
+    so DataP ≥ its all-reduce.
 
     Args:
         allreduce_s, stage_s: (..., d_pp) each stage's all-reduce and compute per step, in stage order.
@@ -208,6 +245,27 @@ def exposed_allreduce_s(allreduce_s: np.ndarray, stage_s: np.ndarray, *, micro_b
     backward = stage_s * _BACKWARD_SHARE[recompute] / micro_batches
     lead = np.cumsum(backward, axis=-1) - backward  # Σ_{j<s}
     return (allreduce_s - lead).max(axis=-1)
+
+
+def pipeline_terms(stage_s: np.ndarray, hop_s: np.ndarray, *, micro_batches: int, recompute: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute, bubble, pipeline communication), each (...,): Φ(f) + Φ(b) of the module docstring, split so that
+    compute and bubble are the slowest stage's time and GPipe's fill and drain, and the rest is what the hops add.
+
+    Args:
+        stage_s: (..., d_pp) each stage's compute per step, in stage order.
+        hop_s: (..., d_pp − 1) each hop's time for one micro-batch, in stage order.
+    """
+    backward = stage_s * _BACKWARD_SHARE[recompute] / micro_batches
+    forward = stage_s / micro_batches - backward
+
+    def phase(passes: np.ndarray) -> np.ndarray:
+        slowest = np.maximum(passes.max(axis=-1), hop_s.max(axis=-1, initial=0.0))
+        return passes.sum(axis=-1) + hop_s.sum(axis=-1) + (micro_batches - 1) * slowest
+
+    compute = stage_s.max(axis=-1)
+    bubble = (stage_s.sum(axis=-1) - compute) / micro_batches
+    return compute, bubble, phase(forward) + phase(backward) - compute - bubble
 
 
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
@@ -233,14 +291,14 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         stage, replica = np.argwhere(short)[0]
         raise NoFeasiblePlan(f"stage {stage} needs {need_gib[stage]:.2f} GiB but device {grid[stage, replica]} has "
                              f"{memory_gib[grid[stage, replica]]:.2f} GiB")
-    compute = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
+    stage_s = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
+    runs = {"micro_batches": execution.micro_batches, "recompute": execution.recompute}
+    compute, bubble, pipe = pipeline_terms(stage_s, plan.micro_batch_hops_s(execution.micro_batches), **runs)
     return LiveBreakdown(
-        data_parallel_s=float(exposed_allreduce_s(plan.stage_allreduce_s, compute,
-                                                  micro_batches=execution.micro_batches,
-                                                  recompute=execution.recompute)),
-        pipeline_parallel_s=plan.breakdown.pipeline_parallel_s,
-        compute_s=float(compute.max()),
-        bubble_s=float((compute.sum() - compute.max()) / execution.micro_batches),
+        data_parallel_s=float(exposed_allreduce_s(plan.stage_allreduce_s, stage_s, **runs)),
+        pipeline_parallel_s=float(pipe),
+        compute_s=float(compute),
+        bubble_s=float(bubble),
         commit_s=0.0 if latency_ms is None else float(np.asarray(latency_ms)[np.ix_(grid.ravel(), grid.ravel())].max())
         / 1000,
     )

@@ -7,17 +7,18 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
 - a group's term is a row: seconds per FLOP of its slowest device, the memory of its smallest, and its all-reduce
   (slowest pair, PaperCostModel.concurrent_allreduce_s) at every stage position and layer count, so that a stage's
   all-reduce is priced by indexing at whatever payload its layers give it;
-- a pair of groups is linked by the paper's bottleneck matching, as before;
+- a pair of groups is linked by the paper's bottleneck matching, of one micro-batch's activations (`hops`);
 - `combine` puts the groups in stage order, cuts the layers (`balanced_cut`: a group of slow or small devices
   holds fewer; or the even cut, whichever is faster) and adds the live model's terms: the all-reduces the pipeline
-  does not hide + 2·PipeP + the slowest stage's compute + GPipe's bubble + the commit vote, plus
+  does not hide + the pipeline's forward and backward over stages and hops (live_cost.pipeline_terms) + the
+  commit vote, plus
   `PENALTY_S_PER_GIB` for every GiB a stage lacks on its smallest device, so that the search walks out of
   infeasible placements instead of seeing a wall. The order is the best of all orders for up to
   `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links, either way round (first and last
   stages hold the embedding and the head, so the direction matters).
 
-A model is searched with one way of running its stages (`execution_options`: micro-batches, recomputation), the
-first that lets a plan fit. Devices are interchangeable for the search only if they are network twins with the same
+A model is searched with one way of running its stages (`execution_options`: schedule, micro-batches,
+recomputation), the first that lets a plan fit. Devices are interchangeable for the search only if they are network twins with the same
 TFLOPS and memory.
 """
 from __future__ import annotations
@@ -32,10 +33,12 @@ import numpy as np
 from hetswarm.coordinator.cost_model import PaperCostModel, spanning_tree_weight
 from hetswarm.coordinator.live_cost import (
     Execution,
+    ExecutionOption,
     LiveBreakdown,
     NoFeasiblePlan,
     StageCosts,
     exposed_allreduce_s,
+    pipeline_terms,
     stage_memory_bytes,
 )
 from hetswarm.coordinator.tsp import shortest_path
@@ -81,13 +84,13 @@ class LiveCostModel:
     """The live step time of a partition (module docstring), as a `CostEvaluator` over a paper model's links.
 
     Args:
-        micro_batches, recompute: how the stages run (live_cost.Execution); micro_batches None: the model's.
+        option: how the stages run (live_cost.Execution); None: the model's own way (GPipe, its micro-batches).
         balanced: cut the layers for each placement (`balanced_cut`, or the even cut where that is faster); else
             the model's even cut.
     """
 
-    def __init__(self, paper: PaperCostModel, hardware: Hardware, *, micro_batches: int | None = None,
-                 recompute: bool = False, balanced: bool = False) -> None:
+    def __init__(self, paper: PaperCostModel, hardware: Hardware, *, option: ExecutionOption | None = None,
+                 balanced: bool = False) -> None:
         tflops, memory = np.asarray(hardware.tflops, dtype=float), np.asarray(hardware.memory_gib, dtype=float)
         if tflops.shape != (paper.n_devices,) or memory.shape != (paper.n_devices,):
             raise ValueError(f"need TFLOPS and memory for each of {paper.n_devices} devices, got {tflops.shape} and "
@@ -97,9 +100,12 @@ class LiveCostModel:
         self.paper, self.tflops, self.memory_gib, self.balanced = paper, tflops, memory, balanced
         self.d_dp, self.d_pp, self.n_devices = paper.d_dp, paper.d_pp, paper.n_devices
         model = hardware.model
-        self.even = Execution.even(model, self.d_pp, micro_batches=micro_batches, recompute=recompute)
+        self.even = Execution.even(model, self.d_pp, **(option or ExecutionOption(model.micro_batches))._asdict())
+        self.hops = paper.with_pp_bytes(paper.payloads.pp_bytes / self.even.micro_batches)
+        """The links between groups carry one micro-batch at a time: plans are matched on these hop times
+        (plan_from_partition's `matched_by`)."""
         costs = StageCosts.of(model, self.even, d_dp=self.d_dp)
-        self.micro_batches, self.recompute = self.even.micro_batches, recompute
+        self.micro_batches, self.recompute = self.even.micro_batches, self.even.recompute
         self.flops = costs.flops  # (d_pp, L + 1)
         self._first_count = 1 if balanced else self.even.layer_counts[0]  # the fewest layers stage 0 may hold
         self.need_gib = costs.memory_bytes / BYTES_PER_GIB  # (d_pp, L + 1)
@@ -116,7 +122,7 @@ class LiveCostModel:
 
     def execution(self, cost: LiveCost) -> Execution:
         """How a plan the search found runs."""
-        return Execution(layer_counts=cost.layer_counts, micro_batches=self.micro_batches, recompute=self.recompute)
+        return Execution(layer_counts=cost.layer_counts, **self.even.option._asdict())
 
     def group_key(self, group: np.ndarray) -> Hashable:
         return np.sort(self.classes[group]).tobytes()
@@ -148,10 +154,10 @@ class LiveCostModel:
         return float(first_allreduce + compute + self.commit_s)
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
-        return self.paper.link_terms_s(group_a, group_b)
+        return self.hops.link_terms_s(group_a, group_b)
 
     def link_bounds_s(self, group: np.ndarray, others: np.ndarray) -> np.ndarray:
-        return self.paper.link_bounds_s(group, others)
+        return self.hops.link_bounds_s(group, others)
 
     def combine(self, group_times_s: np.ndarray, link_times_s: np.ndarray) -> tuple[LiveCost, list[int]]:
         if self._orders is not None:
@@ -207,11 +213,9 @@ class LiveCostModel:
         rows = group_times_s[orders]  # (P, d_pp, 2 + d_pp·(L + 1))
         stage_s = self.flops[stages, counts] * rows[:, :, 0]  # (P, d_pp)
         short = np.maximum(self.need_gib[stages, counts] - rows[:, :, 1], 0.0).sum(axis=1)
-        data = exposed_allreduce_s(self._allreduce_s(rows, counts), stage_s, micro_batches=self.micro_batches,
-                                   recompute=self.recompute)
-        pipe = 2 * link_times_s[orders[:, :-1], orders[:, 1:]].sum(axis=1)
-        compute = stage_s.max(axis=1)
-        bubble = (stage_s.sum(axis=1) - compute) / self.micro_batches
+        runs = {"micro_batches": self.micro_batches, "recompute": self.recompute}
+        data = exposed_allreduce_s(self._allreduce_s(rows, counts), stage_s, **runs)
+        compute, bubble, pipe = pipeline_terms(stage_s, link_times_s[orders[:, :-1], orders[:, 1:]], **runs)
         totals = data + pipe + compute + bubble + self.commit_s + PENALTY_S_PER_GIB * short
         return totals, (data, pipe, compute, bubble, short)
 
@@ -225,22 +229,25 @@ def _envelope(latency: np.ndarray, per_gb: np.ndarray) -> np.ndarray:
     return order[sorted_latency > before]
 
 
-def execution_options(model: ModelConfig, d_dp: int) -> list[tuple[int, bool]]:
-    """(micro-batches, recompute) to try, least change first: the model's own; recomputation; then more
-    micro-batches, which shrink the one micro-batch recomputation rebuilds at a time (up to one sequence each).
+def execution_options(model: ModelConfig, d_dp: int) -> list[ExecutionOption]:
+    """Ways to run the stages, least change first: the model's own (GPipe); 1F1B, which holds fewer micro-batches
+    at once for the same step time (live_cost, Memory); 1F1B with more micro-batches, each smaller; then with
+    recomputation, for a third more compute, with as many micro-batches again (up to one sequence each).
     Only memory moves a plan down this list: the live model charges nothing per micro-batch (each costs a frame per
     hop and smaller matrix products), so it cannot tell how many are fastest."""
     sequences = max(1, int(model.batch_tokens / d_dp / model.seq_len))
-    counts = dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)), sequences])
-    return [(model.micro_batches, False)] + [(count, True) for count in counts if count >= model.micro_batches]
+    counts = [count for count in dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)),
+                                                sequences]) if count >= model.micro_batches]
+    return [ExecutionOption(model.micro_batches),
+            *(ExecutionOption(count, schedule="1f1b") for count in counts),
+            *(ExecutionOption(count, recompute=True, schedule="1f1b") for count in counts)]
 
 
 def fitting(model: ModelConfig, memory_gib: np.ndarray) -> Execution:
     """The model's even cut, run the first way (`execution_options`) in which every stage fits the memory of its
     peers (`memory_gib`, (d_pp, d_dp) as placed); the model's own way when none does (pricing then says why)."""
     d_pp, d_dp = memory_gib.shape
-    options = [Execution.even(model, d_pp, micro_batches=count, recompute=recompute)
-               for count, recompute in execution_options(model, d_dp)]
+    options = [Execution.even(model, d_pp, **option._asdict()) for option in execution_options(model, d_dp)]
     for execution in options:
         need_gib = np.asarray(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=execution)) / BYTES_PER_GIB
         if (memory_gib >= need_gib[:, None]).all():

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import CostBreakdown, InvalidPlanShape, PaperCostModel
+from hetswarm.coordinator.cost_model import CostBreakdown, InvalidPlanShape, PaperCostModel, edge_time_s
+from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["BottleneckLink", "Plan", "cost_plan", "plan_from_partition"]
 
@@ -44,6 +45,17 @@ class Plan:
     stage_allreduce_s: np.ndarray
     """(d_pp,) each stage group's all-reduce with its sends concurrent, as the runtime runs it (the live model's;
     PaperCostModel.concurrent_allreduce_s)."""
+    hop_latency_s: np.ndarray
+    """(d_pp − 1, d_dp) one-way latency of every pipeline hop, stage s → s + 1 of pipeline r."""
+    hop_s_per_gb: np.ndarray
+    """(d_pp − 1, d_dp) seconds per GB of every pipeline hop."""
+    pp_gb: float
+    """c_PP in GB: one pipeline's activations across a stage boundary in a step."""
+
+    def micro_batch_hops_s(self, micro_batches: int) -> np.ndarray:
+        """(d_pp − 1,) each stage boundary's time for one micro-batch's activations (or their gradients), at its
+        slowest pipeline: the live model's per-hop term (coordinator/live_cost.py)."""
+        return (self.hop_latency_s + self.pp_gb / micro_batches * self.hop_s_per_gb).max(axis=1)
 
     @property
     def cost_s(self) -> float:
@@ -100,7 +112,8 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
             devices=(int(grid[hop_stage, pipeline]), int(grid[hop_stage + 1, pipeline])),
             time_s=float(hops[hop_stage, pipeline]),
         )
-    sites = model.network.sites
+    network = model.network
+    sites = network.sites
     return Plan(
         grid=grid,
         sites=tuple(tuple(sites[device] for device in row) for row in grid),
@@ -111,17 +124,23 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
         data_parallel_critical=(int(stage), int(grid[stage, replica])),
         bottleneck=bottleneck,
         stage_allreduce_s=model.concurrent_allreduce_s(grid, stage_dp_bytes),
+        hop_latency_s=edge_time_s(network.latency_ms[grid[:-1], grid[1:]], np.inf, 0.0),
+        hop_s_per_gb=edge_time_s(0.0, network.bandwidth_gbps[grid[:-1], grid[1:]], 1.0),
+        pp_gb=model.payloads.pp_bytes / BYTES_PER_GB,
     )
 
 
 def plan_from_partition(model: PaperCostModel, partition: np.ndarray, order: list[int],
-                        stage_dp_bytes: np.ndarray | None = None) -> Plan:
+                        stage_dp_bytes: np.ndarray | None = None, *, matched_by: PaperCostModel | None = None
+                        ) -> Plan:
     """Deploys a partition along a stage order: pipeline r follows the bottleneck matchings from stage to stage.
 
     Args:
         partition: (d_pp, d_dp) stage groups, in any row order.
         order: order[s] is the row of `partition` that runs stage s (the open-path TSP's answer).
         stage_dp_bytes: (d_pp,) each stage's all-reduce payload (`cost_plan`).
+        matched_by: whose hop times the matchings minimise (the live objective's are one micro-batch's,
+            LiveCostModel.hops); None: `model`'s.
     """
     partition = model.checked_partition(partition)
     if sorted(order) != list(range(len(partition))):
@@ -130,6 +149,6 @@ def plan_from_partition(model: PaperCostModel, partition: np.ndarray, order: lis
     grid[0] = partition[order[0]]
     for stage in range(1, len(order)):
         group = partition[order[stage]]
-        _, assignment = model.link_matching(grid[stage - 1], group)  # grid[stage-1][r] feeds group[assignment[r]]
+        _, assignment = (matched_by or model).link_matching(grid[stage - 1], group)  # grid[stage-1][r] feeds group[assignment[r]]
         grid[stage] = group[assignment]
     return cost_plan(model, grid, stage_dp_bytes)

@@ -57,7 +57,7 @@ from hetswarm.protocol.wire_format import (
     candidate_wires,
 )
 
-__all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "execution_of", "propose"]
+__all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "propose"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class Proposal:
             "breakdown": self.live.to_dict(),
             "wire": self.wire.dict(),
             "execution": {"stage_layers": self.execution.stage_layers, "micro_batches": self.execution.micro_batches,
-                          "recompute": self.execution.recompute},
+                          "recompute": self.execution.recompute, "schedule": self.execution.schedule},
         }
 
 
@@ -252,8 +252,7 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wi
 def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:
     """The least memory a peer needs to be placed at all: one layer of the lightest stage position, run the most
     frugal way (`execution_options`' last)."""
-    count, recompute = execution_options(model, d_dp)[-1]
-    costs = StageCosts(model, d_pp=d_pp, d_dp=d_dp, micro_batches=count, recompute=recompute)
+    costs = StageCosts(model, d_pp=d_pp, d_dp=d_dp, **execution_options(model, d_dp)[-1]._asdict())
     return float(costs.memory_bytes[:, 1].min()) / BYTES_PER_GIB if d_pp > 1 else \
         float(costs.memory_bytes[0, model.n_layers]) / BYTES_PER_GIB
 
@@ -411,7 +410,7 @@ class Replanner:
         if placed <= members:
             self._in_force = None
             proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format(),
-                                execution_of(in_force))
+                                Execution.of_assignment(in_force))
             self.current, self._considered_at, self._last_refusal = proposal, now, ""
             return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
         self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
@@ -463,7 +462,7 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None
-        runs = self.current.execution if self.current else execution_of(self._in_force) if self._in_force else None
+        runs = self.current.execution if self.current else Execution.of_assignment(self._in_force) if self._in_force else None
         proposal, why = self._sticky_or_searched(view, searched, in_force, runs) if in_force else (searched, "")
         self.current, self._considered_at, self._last_refusal = proposal, now, ""
         return proposal, f"{reason}; {why}" if why else reason
@@ -505,9 +504,3 @@ class Replanner:
 
 def _short(peers: frozenset[str]) -> str:
     return "[" + ", ".join(sorted(short_id(p) for p in peers)) + "]"
-
-
-def execution_of(assignment: Assignment) -> Execution:
-    """How an assignment's stages run."""
-    return Execution.of_layers(assignment.stage_layers, micro_batches=assignment.micro_batches,
-                               recompute=assignment.recompute)

@@ -28,7 +28,7 @@ class ScheduleResult:
     plan: Plan
     search: SearchResult
     execution: Execution | None = None
-    """With the live objective: the plan's cut, micro-batches and recomputation (live_cost.Execution)."""
+    """With the live objective: the plan's cut, schedule, micro-batches and recomputation (live_cost.Execution)."""
 
 
 def find_plan(
@@ -45,7 +45,8 @@ def find_plan(
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
     placement (`balanced`) or evenly, and the stages run the first way that fits the devices' memory
-    (`execution_options`; a search each, while none fits). The plan's `breakdown` is its paper cost, with each
+    (`execution_options`; a search each, while none fits, skipping those that need no less memory anywhere than one
+    that did not fit). The plan's `breakdown` is its paper cost, with each
     stage's own payload; `predict_step_s` with the result's execution prices it live.
 
     Raises:
@@ -59,14 +60,19 @@ def find_plan(
         return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order),
                               search=result)
     seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
-    for micro_batches, recompute in execution_options(hardware.model, d_dp):
-        live = LiveCostModel(model, hardware, micro_batches=micro_batches, recompute=recompute, balanced=balanced)
+    too_big: list[np.ndarray] = []  # what the options that did not fit need
+    for option in execution_options(hardware.model, d_dp):
+        live = LiveCostModel(model, hardware, option=option, balanced=balanced)
+        if any((live.need_gib >= need).all() for need in too_big):
+            continue  # needs at least as much everywhere (1F1B with M ≤ D_PP holds all M, as GPipe does)
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
         if result.best.breakdown.short_gib == 0:
             break
+        too_big.append(live.need_gib)
     execution = live.execution(result.best.breakdown)
     stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
-    plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes)
+    plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes,
+                               matched_by=live.hops)
     return ScheduleResult(plan=plan, search=result, execution=execution)
 
 

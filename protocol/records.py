@@ -37,6 +37,8 @@ PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
 Health = Literal["training", "retrying", "stalled"]
 Aggregation = Literal["mean", "centered_clip"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
+"""The order of a stage's forward and backward passes (client/training/pipeline_schedule.py)."""
 """How a stage group's reducers combine the members' gradients (client/training/robust_aggregation.py)."""
 StateOrigin = Literal["seed", "kept", "handed off", "checkpoint"]
 """Where a stage's state came from when its plan started: the seed, this peer's own state, other peers' (a
@@ -169,6 +171,9 @@ class Assignment(_Record):
     recompute: StrictBool = False
     """Stages recompute their activations in the backward pass instead of keeping them (coordinator/live_cost.py,
     Execution): the plan's way to fit stages into its peers' memory."""
+    schedule: PipelineSchedule = "gpipe"
+    """1F1B holds fewer micro-batches' activations at once than GPipe, for the same step time (coordinator/live_cost.py,
+    Memory)."""
     step: _Step
     """Optimizer step the plan starts at (learning-rate schedule position)."""
     reason: constr(strict=True, max_length=256)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import cost_plan
 from hetswarm.protocol.model_config import ModelConfig
@@ -28,13 +28,14 @@ def test_step_time_is_communication_plus_slowest_stage_plus_bubble():
     live = predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB)
     # c_DP = 292 params · 4 B = 1168 B; DataP = 2·(0.010 + 8·1168e-9 / (2·1)) for the one other group member.
     assert live.data_parallel_s == pytest.approx(2 * (0.010 + 4.672e-6))
-    # c_PP = 4 tokens per pipeline · 4 · 2 B = 32 B over the one boundary, forward and backward.
-    assert live.pipeline_parallel_s == pytest.approx(2 * (0.010 + 256e-9))
+    # c_PP = 4 tokens per pipeline · 4 · 2 B = 32 B over the one boundary, 16 B per micro-batch; compute sets the
+    # pace, so the hop adds one micro-batch's transfer forward and one backward.
+    assert live.pipeline_parallel_s == pytest.approx(2 * (0.010 + 128e-9))
     # FLOPs per token: stage 0: 6·292 + 12·4·4 = 1944, stage 1: 6·284 + 192 = 1896; 4 tokens per pipeline.
     # Stage 0's slowest replica does 1e3 FLOP/s: 7.776 s; stage 1's does 4e3: 1.896 s.
     assert live.compute_s == pytest.approx(7.776)
     assert live.bubble_s == pytest.approx(1.896 / 2)  # GPipe: the other stage's one micro-batch of M = 2
-    assert live.total_s == pytest.approx(0.020009344 + 0.020000512 + 7.776 + 0.948)
+    assert live.total_s == pytest.approx(0.020009344 + 0.020000256 + 7.776 + 0.948)
     assert live.to_dict()["step_s"] == pytest.approx(live.total_s)
 
 
@@ -64,6 +65,20 @@ def test_an_allreduce_runs_hidden_while_the_stages_before_it_finish_their_backwa
     assert live.compute_s == pytest.approx(7.776)  # the backward of stage 0 is 2/3 of it, split in M = 2
 
 
+def test_a_hop_slower_than_every_stage_paces_both_phases():
+    bandwidth = np.full((4, 4), 1.0)
+    bandwidth[1, 3] = bandwidth[3, 1] = 8 * 16e-9 / 9.99  # pipeline 1's hop: 0.010 + 9.99 = 10 s per micro-batch of 16 B
+    network = Network.from_matrices(np.full((4, 4), 10.0), bandwidth)
+    plan = cost_plan(PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=2), d_dp=2, d_pp=2), GRID)
+    live = predict_step_s(plan, MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB)
+    # Per micro-batch (M = 2): forward 7.776/6 = 1.296 and 1.896/6 = 0.316, backward twice that; the hop 10 s.
+    forward = 1.296 + 0.316 + 10 + (2 - 1) * 10
+    backward = 2.592 + 0.632 + 10 + (2 - 1) * 10
+    assert live.compute_s == pytest.approx(7.776) and live.bubble_s == pytest.approx(0.948)
+    assert live.pipeline_parallel_s == pytest.approx(forward + backward - 7.776 - 0.948)
+    assert plan.breakdown.pipeline_parallel_s == pytest.approx(2 * (0.010 + 2 * 9.99))  # the paper's: whole batch
+
+
 def test_the_commit_vote_costs_the_plans_largest_latency():
     latency = np.full((4, 4), 10.0)
     latency[1, 3] = latency[3, 1] = 80.0  # two peers of the plan are far apart
@@ -88,6 +103,13 @@ def test_equal_stages_have_the_textbook_bubble_fraction():
 def test_memory_counts_optimizer_state_and_stored_activations():
     # stage 0: 292 params · 16 B + 1 layer · 4 tokens · (34·4 + 5·1·4) B = 4672 + 624
     assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2) == [5296, 284 * 16 + 624]
+
+
+def test_1f1b_holds_only_the_micro_batches_in_flight():
+    # 4 micro-batches of 1 token: GPipe holds all 4 on both stages; 1F1B min(2 − s, 4), so 2 on stage 0, 1 on 1
+    gpipe, one_f_one_b = (Execution.even(MODEL, 2, micro_batches=4, schedule=schedule) for schedule in ("gpipe", "1f1b"))
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=gpipe) == [4672 + 624, 284 * 16 + 624]
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=one_f_one_b) == [4672 + 2 * 156, 284 * 16 + 156]
 
 
 def test_a_stage_on_a_device_too_small_for_it_is_refused():

@@ -54,17 +54,19 @@ def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *
                 ) -> tuple[float, Execution | None]:
     """The lowest live step time over every partition, stage order and (with `balanced`) cut, as deployed, under
     the first way of running the stages (`execution_options`) that lets anything fit; (inf, None) when none does."""
-    for micro_batches, recompute in execution_options(MODEL, paper.d_dp):
-        even = Execution.even(MODEL, paper.d_pp, micro_batches=micro_batches, recompute=recompute)
+    for option in execution_options(MODEL, paper.d_dp):
+        even = Execution.even(MODEL, paper.d_pp, **option._asdict())
         cuts = compositions(MODEL.n_layers, paper.d_pp) if balanced else [even.layer_counts]
         executions = [replace(even, layer_counts=cut) for cut in cuts]
+        hops = paper.with_pp_bytes(paper.payloads.pp_bytes / even.micro_batches)  # one micro-batch per hop
         best, best_execution = np.inf, None
         for execution in executions:
             stage_dp_bytes = [MODEL.dp_payload_bytes_of(count, first=s == 0, last=s == paper.d_pp - 1)
                               for s, count in enumerate(execution.layer_counts)]
             for groups in balanced_partitions(tuple(range(paper.n_devices)), paper.d_dp):
                 for order in itertools.permutations(range(paper.d_pp)):
-                    plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes))
+                    plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
+                                               matched_by=hops)
                     try:
                         step_s = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, execution=execution,
                                                 latency_ms=paper.network.latency_ms).total_s
@@ -136,7 +138,8 @@ def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deploym
             candidate = cached.candidate(rng.permutation(8).reshape(d_pp, d_dp))
             execution = live.execution(candidate.breakdown)
             stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
-            plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes)
+            plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes,
+                                       matched_by=live.hops)
             priced = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
                                     execution=execution)
             assert candidate.cost_s == pytest.approx(priced.total_s, rel=1e-9)

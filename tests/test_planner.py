@@ -101,8 +101,7 @@ def test_auto_degrees_use_stages_when_the_model_does_not_fit_one_peer():
 
     def least_gib(d_pp: int, d_dp: int) -> float:  # run the way that needs least memory
         return min(max(stage_memory_bytes(model, d_pp=d_pp, d_dp=d_dp, execution=Execution.even(
-            model, d_pp, micro_batches=micro_batches, recompute=recompute))) / 2**30
-            for micro_batches, recompute in execution_options(model, d_dp))
+            model, d_pp, **option._asdict()))) / 2**30 for option in execution_options(model, d_dp))
 
     one_stage_gib, two_stage_gib = least_gib(1, 8), least_gib(2, 4)
     assert two_stage_gib < one_stage_gib

@@ -56,7 +56,8 @@ def test_with_hardware_the_live_objective_is_the_default_and_both_objectives_are
     assert report["objective"] == "live" and set(report["objectives"]) == {"live", "paper"}
     assert report["predicted_step_s"] == report["objectives"]["live"]["predicted_step_s"] > 0
     runs = report["execution"]
-    assert runs["recompute"]  # paper-gpt3-xl at 8 × 8 fits none of these cards with GPipe's stored activations
+    # paper-gpt3-xl at 8 × 8 fits none of these cards with GPipe's stored activations
+    assert runs["schedule"] == "1f1b" or runs["recompute"]
     assert sum(b - a for a, b in runs["stage_layers"]) == 24 and len(runs["stage_layers"]) == 8
     greedy = report["baselines"]["greedy placement (fastest devices first)"]
     assert greedy["cost"] > 0 and (greedy["predicted_step_s"] or greedy["infeasible"])

@@ -10,9 +10,9 @@ import pytest
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.sticky import (
     STATE_BYTES_PER_PARAM,
+    Migration,
     held_layers,
     held_stages,
-    Migration,
     migration,
     search_pays,
     sticky_pipelines,

@@ -138,7 +138,7 @@ def _hardware(scenario: str, model: str, *, known: bool) -> Hardware | None:
 def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Execution) -> dict[str, Any]:
     """`predicted_step_s`, its breakdown and how the stages run; or why the plan does not fit."""
     runs = {"execution": {"stage_layers": execution.stage_layers, "micro_batches": execution.micro_batches,
-                          "recompute": execution.recompute}}
+                          "recompute": execution.recompute, "schedule": execution.schedule}}
     try:
         live = predict_step_s(plan, hardware.model, tflops=hardware.tflops, memory_gib=hardware.memory_gib,
                               latency_ms=network.latency_ms, execution=execution)
@@ -149,8 +149,8 @@ def _live_price(plan: Plan, hardware: Hardware, network: Network, execution: Exe
 
 def _even(runs: Execution, model: ModelConfig) -> Execution:
     """How a plan that knows no cut (the paper objective's, a baseline's) runs beside the live plan: the model's
-    even cut, with the live plan's micro-batches and recomputation, so that only the placements differ."""
-    return Execution.even(model, len(runs.layer_counts), micro_batches=runs.micro_batches, recompute=runs.recompute)
+    even cut, run the live plan's way, so that only the placements differ."""
+    return Execution.even(model, len(runs.layer_counts), **runs.option._asdict())
 
 
 def _shaped_report(shaped: ShapedResult, hardware: Hardware, network: Network) -> dict[str, Any]:
@@ -236,7 +236,8 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
         runs = report["execution"]
         cut = "/".join(str(b - a) for a, b in runs["stage_layers"])
         console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts}); layers {cut}, "
-                      f"{runs['micro_batches']} micro-batches{', recomputing activations' if runs['recompute'] else ''}")
+                      f"{runs['micro_batches']} micro-batches{', 1F1B' if runs['schedule'] == '1f1b' else ''}"
+                      f"{', recomputing activations' if runs['recompute'] else ''}")
     if plan.bottleneck is not None:
         link = plan.bottleneck
         a, b = link.devices

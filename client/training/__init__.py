@@ -10,7 +10,8 @@ hetswarm.protocol and hetswarm.client.peer.
  * robust_aggregation.py - CenteredClip, the aggregation a few hostile members cannot move far
  * step_commit.py       - all-or-nothing steps: the plan-wide commit vote over (step, attempt)
  * replica_sync.py      - replicas compare state hashes and a differing one is resynchronised
- * stage_worker.py      - one stage's GPipe step, composed from the pieces above
+ * pipeline_schedule.py - the order of a stage's forward and backward passes: GPipe or 1F1B
+ * stage_worker.py      - one stage's step, composed from the pieces above
  * stage_state.py       - a stage's parameters and optimizer state as named tensors: hashed, encoded, re-cut
  * state_handoff.py     - a peer that takes a stage downloads its state from the replicas that hold it
  * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background

@@ -1,7 +1,8 @@
 """One stage of one pipeline, trained in lock-step with the rest of the swarm.
 
-A step is GPipe over the assignment's M micro-batches: every forward, then every backward in reverse order,
-then the stage group's all-reduce of the gradients, then the plan-wide commit vote, then the optimizer step. The
+A step runs the assignment's M micro-batches through the stage in its pipeline schedule (GPipe or 1F1B,
+client/training/pipeline_schedule.py), then the stage group's all-reduce of the gradients, then the plan-wide
+commit vote, then the optimizer step. The
 all-reduce starts as soon as the backward ends, while the neighbours may still be acknowledging the last frames:
 a send that then fails cancels it, and the attempt fails (waiting for the answers would add a round trip to the
 step).
@@ -39,13 +40,14 @@ from hetswarm.client.training.errors import StageError, StepAborted
 from hetswarm.client.training.group_allreduce import StageGroup
 from hetswarm.client.training.model import StageModule, build_stage
 from hetswarm.client.training.neighbour_streams import NeighbourStreams, StreamPlan
+from hetswarm.client.training.pipeline_schedule import pass_order
 from hetswarm.client.training.reference import micro_batch_loss
 from hetswarm.client.training.replica_sync import ReplicaSync
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
 from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment, PeerId
+from hetswarm.protocol.records import Assignment, PeerId, PipelineSchedule
 
 __all__ = ["StageConfig", "StageWorker", "StepReport", "start_stage"]
 
@@ -123,8 +125,8 @@ class StageWorker:
     def __init__(
         self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, board: CommitBoard,
         replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
-        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer,
-        emulated_tflops: float | None = None,
+        device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer, stage: int, d_pp: int,
+        schedule: PipelineSchedule = "gpipe", emulated_tflops: float | None = None,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
         self.board, self.replicas = board, replicas
@@ -132,7 +134,8 @@ class StageWorker:
         self.device, self.config = device, config
         self.emulated_tflops = emulated_tflops
         """Every computation here takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
-        self.micro_batches = model_config.micro_batches
+        self.micro_batches, self.schedule = model_config.micro_batches, schedule
+        self.stage, self.d_pp = stage, d_pp
         self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
         a, b = module.layers
         self.forward_flops = model_config.flops_per_token_of(b - a, first=module.is_first, last=module.is_last) / 3 \
@@ -238,9 +241,7 @@ class StageWorker:
         """Forward, backward and the group all-reduce of one attempt; returns the loss and the averaged grads."""
         try:
             async with asyncio.TaskGroup() as sends:  # a failed send cancels the rest, the all-reduce included
-                outputs, inputs = await self._forward_all(step, attempt, sends)
-                self._mark("forward")
-                loss = await self._backward_all(step, attempt, outputs, inputs, sends)
+                loss = await self._passes(step, attempt, sends)
                 self._mark("backward")
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
                 await self._waiting(self.group.average(grads, step=step, attempt=attempt))
@@ -250,51 +251,58 @@ class StageWorker:
         self._mark("sent")
         return loss, grads
 
-    async def _forward_all(self, step: int, attempt: int, sends: asyncio.TaskGroup) -> tuple[list, list]:
-        """Forward every micro-batch; returns what the backward pass needs: outputs (or losses) and inputs."""
-        outputs, inputs = [], []
-        for m in range(self.micro_batches):
-            tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
-                                              n_pipelines=self.n_pipelines,
-                                              micro_batch=m, micro_batch_size=self.micro_batch_size,
-                                              seq_len=self.model_config.seq_len)  # (B, T), (B, T)
-            if self.module.is_first:
-                x = tokens.to(self.device)
-            else:
-                received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
-                                                                          attempt=attempt))
-                self._mark(f"a{m}")
-                x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
-            out = await self._computing(self._forward, x, targets, flops=self.forward_flops)
-            if not self.module.is_last:
-                sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
-            outputs.append(out)
-            inputs.append(x)
-        return outputs, inputs
+    async def _passes(self, step: int, attempt: int, sends: asyncio.TaskGroup) -> float | None:
+        """Every micro-batch's forward and backward in the plan's schedule; returns the pipeline's loss on the last
+        stage (summed in micro-batch order, whatever the schedule), else None."""
+        held, losses = {}, {}  # micro-batch → (output or loss, input) until its backward
+        for kind, m in pass_order(self.schedule, stage=self.stage, d_pp=self.d_pp, micro_batches=self.micro_batches):
+            if kind == "forward":
+                held[m] = await self._forward(step, attempt, m, sends)
+                continue
+            output, x = held.pop(m)
+            await self._backward(step, attempt, m, output, x, sends)
+            if self.module.is_last:
+                losses[m] = output.item()
+        return sum(losses[m] for m in range(self.micro_batches)) if self.module.is_last else None
 
-    def _forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    async def _forward(self, step: int, attempt: int, m: int, sends: asyncio.TaskGroup
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch m's forward pass, its output sent on; returns what its backward needs: the output (the loss
+        on the last stage) and the input."""
+        tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
+                                          n_pipelines=self.n_pipelines, micro_batch=m,
+                                          micro_batch_size=self.micro_batch_size,
+                                          seq_len=self.model_config.seq_len)  # (B, T), (B, T)
+        if self.module.is_first:
+            x = tokens.to(self.device)
+        else:
+            received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
+                                                                attempt=attempt))
+            self._mark(f"a{m}")
+            x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
+        out = await self._computing(self._module_forward, x, targets, flops=self.forward_flops)
+        if not self.module.is_last:
+            sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
+        return out, x
+
+    def _module_forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             out = self.module(x)  # (B, T, C) or logits (B, T, V)
         if self.module.is_last:
             return micro_batch_loss(out, targets.to(self.device), micro_batches=self.micro_batches)
         return out
 
-    async def _backward_all(self, step: int, attempt: int, outputs: list, inputs: list, sends: asyncio.TaskGroup
-                            ) -> float | None:
-        """Backward every micro-batch in reverse; returns the pipeline's loss on the last stage, else None."""
-        for m in reversed(range(self.micro_batches)):
-            if self.module.is_last:
-                await self._computing(outputs[m].backward, flops=self._backward_flops)
-            else:
-                grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m,
-                                                                      attempt=attempt))
-                self._mark(f"g{m}")
-                await self._computing(outputs[m].backward, grad.to(self.device, outputs[m].dtype),
-                                      flops=self._backward_flops)
-            if not self.module.is_first:
-                sends.create_task(self.streams.send("gradients", inputs[m].grad, step=step, micro_batch=m,
-                                                    attempt=attempt))
-        return sum(loss.item() for loss in outputs) if self.module.is_last else None
+    async def _backward(self, step: int, attempt: int, m: int, output: torch.Tensor, x: torch.Tensor,
+                        sends: asyncio.TaskGroup) -> None:
+        """Micro-batch m's backward pass, the gradient of its input sent back."""
+        if self.module.is_last:
+            await self._computing(output.backward, flops=self._backward_flops)
+        else:
+            grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m, attempt=attempt))
+            self._mark(f"g{m}")
+            await self._computing(output.backward, grad.to(self.device, output.dtype), flops=self._backward_flops)
+        if not self.module.is_first:
+            sends.create_task(self.streams.send("gradients", x.grad, step=step, micro_batch=m, attempt=attempt))
 
     @property
     def _backward_flops(self) -> float:
@@ -379,7 +387,8 @@ async def start_stage(
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
     worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
-                       config=config, optimizer=optimizer, emulated_tflops=emulated_tflops)
+                       config=config, optimizer=optimizer, stage=role.stage, d_pp=assignment.d_pp,
+                       schedule=assignment.schedule, emulated_tflops=emulated_tflops)
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()
