@@ -87,8 +87,9 @@ def main() -> None:
         "",
         f"`{command_line()}`",
         "",
-        "paper-gpt3-xl, 8 stages, 64 devices; predicted step seconds (live model: DataP + 2·PipeP + compute at each "
-        "stage's slowest device + GPipe bubble + commit vote). Every plan runs the way the live plan runs; a plan "
+        "paper-gpt3-xl, 8 stages, 64 devices; predicted step seconds (live model, coordinator/live_cost.py: "
+        "all-reduces + compute at each stage's slowest device, bubble and per-micro-batch hops + commit vote). Every "
+        "plan runs the way the live plan runs; a plan "
         "that knows no cut gets the even one.",
         "",
         "| scenario | paper objective (8×8) | paper objective, run its own way | live objective (8×8) "

@@ -61,7 +61,7 @@ the DT-FM world-wide scenario with every bandwidth × {args.bandwidth_scale}; cl
 device). Tiny model (4 layers), 4 pipelines × 2 stages, GPipe with 2 micro-batches. {config.warmup_steps} warm-up
 steps, then {args.steps} measured, each plan on a fresh swarm of the same identities, sites and speeds.
 
-| plan | measured (s/step) | predicted (s/step) | measured vs predicted | predicted compute (s) | predicted DataP (s) | predicted 2·PipeP (s) | layers per stage | slower than live |
+| plan | measured (s/step) | predicted (s/step) | measured vs predicted | predicted compute (s) | predicted DataP (s) | predicted pipeline transfers (s) | layers per stage | slower than live |
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 

@@ -15,6 +15,7 @@ from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.live_objective import Hardware, LiveCostModel, execution_options
+from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
@@ -44,10 +45,10 @@ def find_plan(
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
-    placement (`balanced`) or evenly, and the stages run the first way that fits the devices' memory
-    (`execution_options`; a search each, while none fits, skipping those that need no less memory anywhere than one
-    that did not fit). The plan's `breakdown` is its paper cost, with each
-    stage's own payload; `predict_step_s` with the result's execution prices it live.
+    placement (`balanced`) or evenly, and the stages run the fastest way that fits the devices' memory
+    (`execution_options`: a search each, while none fits, skipping those that need no less memory anywhere than one
+    that did not fit; then the plan found, run each way, `_fastest_way`). The plan's `breakdown` is its paper cost,
+    with each stage's own payload; `predict_step_s` with the result's execution prices it live.
 
     Raises:
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
@@ -60,20 +61,36 @@ def find_plan(
         return ScheduleResult(plan=plan_from_partition(model, result.best.partition, result.best.order),
                               search=result)
     seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
+    options = [LiveCostModel(model, hardware, option=option, balanced=balanced)
+               for option in execution_options(hardware.model, d_dp)]
     too_big: list[np.ndarray] = []  # what the options that did not fit need
-    for option in execution_options(hardware.model, d_dp):
-        live = LiveCostModel(model, hardware, option=option, balanced=balanced)
+    for live in options:
         if any((live.need_gib >= need).all() for need in too_big):
             continue  # needs at least as much everywhere (1F1B with M ≤ D_PP holds all M, as GPipe does)
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
         if result.best.breakdown.short_gib == 0:
             break
         too_big.append(live.need_gib)
+    live, best = _fastest_way(options, live, result.best)
+    result = replace(result, best=best)
     execution = live.execution(result.best.breakdown)
     stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
     plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes,
                                matched_by=live.hops)
     return ScheduleResult(plan=plan, search=result, execution=execution)
+
+
+def _fastest_way(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
+                 ) -> tuple[LiveCostModel, Candidate]:
+    """The partition `live`'s search found, run the fastest way that fits (each option re-cuts and re-orders it):
+    the search stops at the first way that fits, but a later one may be faster (fewer bubbles with more
+    micro-batches, which cost a latency per hop each: live_cost's Φ)."""
+    best = (live, found)
+    for other in options:
+        candidate = CachedEvaluator(other).candidate(found.partition)
+        if candidate.breakdown.short_gib == 0 and candidate.cost_s < best[1].cost_s:
+            best = (other, candidate)
+    return best
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

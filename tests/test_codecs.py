@@ -63,8 +63,8 @@ def test_error_feedback_sends_everything_but_the_last_residual(codec):
         feedback.begin(step)
         value = gradient + feedback.residual(key, gradient)
         decoded = round_trip(value, codec)
-        feedback.record(key, value - decoded)
-        feedback.complete()
+        feedback.record((step, 0), key, value - decoded)
+        feedback.complete((step, 0))
         assert torch.equal(feedback._made[key], value - decoded)  # the residual is the error made
         computed += gradient.double()
         sent += decoded.double()
@@ -77,19 +77,35 @@ def test_error_feedback_sends_everything_but_the_last_residual(codec):
 def test_error_feedback_retries_from_what_the_step_started_with():
     feedback, key, like = ErrorFeedback(), "k", torch.zeros(3)
     feedback.begin(0)
-    feedback.record(key, torch.ones(3))
-    feedback.complete()
+    feedback.record((0, 0), key, torch.ones(3))
+    feedback.complete((0, 0))
     feedback.begin(1)  # step 0 committed: its residual is carried into step 1
     assert torch.equal(feedback.residual(key, like), torch.ones(3))
-    feedback.record(key, torch.full((3,), 2.0))
-    feedback.complete()
-    feedback.begin(1)  # step 1 is tried again: it starts again from step 0's residual
+    feedback.record((1, 0), key, torch.full((3,), 2.0))
+    feedback.complete((1, 0))
+    feedback.begin(1, attempt=1)  # step 1 is tried again: it starts again from step 0's residual
     assert torch.equal(feedback.residual(key, like), torch.ones(3))
-    feedback.record(key, torch.full((3,), 5.0))  # this try fails before completing
-    feedback.begin(1)
+    feedback.record((1, 1), key, torch.full((3,), 5.0))  # this try fails before completing
+    feedback.begin(1, attempt=2)
     assert torch.equal(feedback.residual(key, like), torch.ones(3))
     feedback.begin(0)  # rolled back: residuals of a later trajectory are not carried
     assert torch.equal(feedback.residual(key, like), like)
+
+
+def test_a_late_part_of_an_abandoned_attempt_does_not_become_the_retrys_residual():
+    feedback, key, like = ErrorFeedback(), ("reduced", 0), torch.zeros(3)
+    feedback.begin(4, attempt=0)
+    feedback.begin(4, attempt=1)  # attempt 0 was aborted; the retry reduces the same part
+    feedback.record((4, 1), key, torch.full((3,), 2.0))
+    feedback.record((4, 0), key, torch.full((3,), 7.0))  # attempt 0's reducer answers a member late
+    feedback.complete((4, 0))  # ... and its round finishes: neither counts
+    feedback.begin(5)
+    assert torch.equal(feedback.residual(key, like), like)  # attempt 1 never completed: nothing carried
+    feedback.record((5, 0), key, torch.full((3,), 3.0))
+    feedback.record((4, 1), key, torch.full((3,), 9.0))
+    feedback.complete((5, 0))
+    feedback.begin(6)
+    assert torch.equal(feedback.residual(key, like), torch.full((3,), 3.0))
 
 
 def test_policies_choose_their_wires():

@@ -11,13 +11,18 @@ side keeps its own residual (Tang et al. 2019, "DoubleSqueeze").
 
 A step can be tried more than once (client/training/step_commit.py). A retry must start from the residuals the
 step's first try started from, so a round's residuals are kept aside and take effect only when a later step
-begins, which means the step they were made for was committed.
+begins, which means the step they were made for was committed. A round is one attempt of a step, and only the
+round in progress may record: a reducer of an abandoned attempt can still answer a member's request after the
+retry began, and its residual must not become the retry's.
 """
 from collections.abc import Hashable
 
 import torch
 
-__all__ = ["ErrorFeedback"]
+__all__ = ["ErrorFeedback", "Round"]
+
+Round = tuple[int, int]
+"""(step, attempt)."""
 
 
 class ErrorFeedback:
@@ -28,26 +33,29 @@ class ErrorFeedback:
         self._made: dict[Hashable, torch.Tensor] = {}
         self._made_for: int | None = None
         """The step `_made` belongs to, once its round completed."""
-        self._step: int | None = None
+        self._round: Round | None = None
 
-    def begin(self, step: int) -> None:
+    def begin(self, step: int, attempt: int = 0) -> None:
         """Starts a round of `step`: a later step than the last completed round's carries that round's residuals
         on; a retry of it starts again from what it started from; an earlier step (a roll-back) starts from none."""
         if self._made_for is not None and step > self._made_for:
             self._carried = self._made
-        elif self._step is not None and step < self._step:
+        elif self._round is not None and step < self._round[0]:
             self._carried = {}
-        self._made, self._made_for, self._step = {}, None, step
+        self._made, self._made_for, self._round = {}, None, (step, attempt)
 
     def residual(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
         """The residual carried into this round for `key`: zeros when there is none (a first step, a new plan)."""
         carried = self._carried.get(key)
         return carried if carried is not None and carried.shape == like.shape else torch.zeros_like(like)
 
-    def record(self, key: Hashable, residual: torch.Tensor) -> None:
-        """The residual this round made for `key`: what it meant to send minus what the receiver decodes."""
-        self._made[key] = residual
+    def record(self, round_: Round, key: Hashable, residual: torch.Tensor) -> None:
+        """The residual `round_` made for `key`: what it meant to send minus what the receiver decodes; dropped
+        when `round_` is no longer the round in progress (module docstring)."""
+        if round_ == self._round:
+            self._made[key] = residual
 
-    def complete(self) -> None:
-        """The round succeeded: its residuals are carried on if its step is committed (`begin` of a later step)."""
-        self._made_for = self._step
+    def complete(self, round_: Round) -> None:
+        """`round_` succeeded: its residuals are carried on if its step is committed (`begin` of a later step)."""
+        if round_ == self._round:
+            self._made_for = round_[0]

@@ -42,7 +42,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.asyncio import achain, aenumerate, aiter_with_timeout, as_aiter
 
-from hetswarm.client.training.error_feedback import ErrorFeedback
+from hetswarm.client.training.error_feedback import ErrorFeedback, Round
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.robust_aggregation import centered_clip
 from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
@@ -199,8 +199,8 @@ class ExactAllReduceRunner(AllReduceRunner):
     """
 
     def __init__(self, *args, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-                 feedback: ErrorFeedback | None = None, **kwargs) -> None:
-        self.codec, self.feedback = codec, feedback
+                 feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0), **kwargs) -> None:
+        self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
         self.wire_compression = allreduce_compression(codec)
         self._outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
         super().__init__(*args, **kwargs)
@@ -224,7 +224,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             serialized = self.wire_compression.compress(value, CompressionInfo.from_tensor(value))
             decoded = self.wire_compression.extract(serialized)
             if self.feedback is not None:
-                self.feedback.record(key, value - decoded)
+                self.feedback.record(self.feedback_round, key, value - decoded)
             self._outgoing[part_index] = serialized, decoded
         return self._outgoing[part_index]
 
@@ -349,7 +349,7 @@ class StageGroup:
         copies = [tensor.detach().to("cpu", torch.float32, copy=True) for tensor in tensors]
         sent_errors = [torch.zeros_like(copy) for copy in copies]
         if self.feedback is not None:
-            self.feedback.begin(step)
+            self.feedback.begin(step, attempt)
             for index, copy in enumerate(copies):
                 copy.add_(self.feedback.residual(("sent", index), copy))
         wire_bytes = int(sum(copy.numel() for copy in copies) * BYTES_PER_VALUE[self.codec])
@@ -357,7 +357,7 @@ class StageGroup:
             p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
-            codec=self.codec, feedback=self.feedback,
+            codec=self.codec, feedback=self.feedback, feedback_round=(step, attempt),
             compression=(allreduce_compression(self.codec) if self.feedback is None
                          else _RecordingCompression(allreduce_compression(self.codec), sent_errors)),
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
@@ -381,8 +381,8 @@ class StageGroup:
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}", peers=banned)
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
-                self.feedback.record(("sent", index), error)
-            self.feedback.complete()
+                self.feedback.record((step, attempt), ("sent", index), error)
+            self.feedback.complete((step, attempt))
         for tensor, averaged in zip(tensors, copies):
             tensor.copy_(averaged)
 
