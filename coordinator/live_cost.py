@@ -3,34 +3,35 @@
 The paper's model prices communication only, because its GPUs are identical (docs/dtfm.md, Cost model). A swarm of
 volunteers is not, so the live model adds what the paper leaves out:
 
-    step_s = Φ(f) + Φ(b) + DataP + max_{i,j} α_ij / 1000   forward, backward, all-reduces, the commit vote
-    Φ(x)   = Σ_s x_s + Σ_h p_h + (M − 1)·max(max_s x_s, max_h p_h)
-    f_s, b_s = (1 − w)·t_s / M, w·t_s / M           one micro-batch's forward and backward on stage s
-    t_s    = F_s · B / D_DP / min_r TFLOPS[s, r]    stage s's compute over its pipeline's share of the step
-    p_h    = max_r (α_hr/1000 + 8·c_PP / (M·β_hr))  one micro-batch's activations (or gradients) over hop h
-    DataP  = max_s (A_s − Σ_{j<s} b_j)              the all-reduces, less what the pipeline's drain hides
-    A_s    = max_{i,j ∈ C_s} 2·(α_ij/1000 + 8·c_s / (D_DP·β_ij))
+    step_s  = max_s (max_r (T_r − Σ_{j<s} b_jr) + A_s) + max_{i,j} α_ij / 1000   all-reduces, then the vote
+    T_r     = Φ_r(f) + Φ_r(b)                          pipeline r's forward and backward passes
+    Φ_r(x)  = Σ_s x_sr + Σ_h p_h + (M − 1)·max(max_s x_sr, max_h p_h)
+    f_sr, b_sr = (1 − w)·t_sr / M, w·t_sr / M          one micro-batch's forward and backward on stage s
+    t_sr    = F_s · B / D_DP / TFLOPS[s, r]            stage s of pipeline r, over its share of the step
+    p_h     = max_r (α_hr/1000 + 8·c_PP / (M·β_hr))    one micro-batch's activations (or gradients) over hop h
+    A_s     = max_{i,j ∈ C_s} 2·(α_ij/1000 + 8·c_s / (D_DP·β_ij))
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
-tokens of one step over all pipelines, M the micro-batches per pipeline, w the backward's share of the compute
-(2/3; 3/4 recomputing), and the slowest replica of a stage sets its time because every replica waits for the stage
-group's all-reduce. Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose
-stages are the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it
-computes m + 1 (client/training/stage_worker.py sends in the background), one message after another on each
-direction of a link (client/peer/emulation.py emulates exactly that wire). When compute is the bottleneck,
-Φ(f) + Φ(b) = max_s t_s + (Σ_s t_s − max_s t_s)/M + 2·Σ_h p_h: the compute, the bubble (for equal stages the
-familiar (D_PP − 1)/M of the compute), and each hop's transfer of *one* micro-batch each way, where the paper
-charges 2·PipeP, the whole batch's (docs/dtfm.md). The breakdown reports the first two as compute and bubble and
-the rest as the pipeline's communication (`pipeline_terms`). Every peer then pushes its vote on the step to every
-other and applies the step once it has all votes (client/training/step_commit.py), so a step ends one latency of
-the plan's farthest pair after the last peer finished.
+tokens of one step over all pipelines, M the micro-batches per pipeline and w the backward's share of the compute
+(2/3; 3/4 recomputing). Pipelines run side by side, each at its own devices' pace, until their stage groups'
+all-reduces; each hop is charged at its slowest pipeline's (a bound: the slowest hops need not share a pipeline).
+Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose stages are
+the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it computes m + 1
+(client/training/stage_worker.py sends in the background), one message after another on each direction of a link
+(client/peer/emulation.py emulates exactly that wire). When compute is the bottleneck, T_r = max_s t_sr +
+(Σ_s t_sr − max_s t_sr)/M + 2·Σ_h p_h: the compute, the bubble (for equal stages the familiar (D_PP − 1)/M of the
+compute), and each hop's transfer of *one* micro-batch each way, where the paper charges 2·PipeP, the whole batch's
+(docs/dtfm.md). The breakdown reports the slowest pipeline's compute, bubble and hops, and as DataP what the
+all-reduces add to it (`step_terms`). Every peer then pushes its vote on the step to every other and applies the step
+once it has all votes (client/training/step_commit.py), so a step ends one latency of the plan's farthest pair after
+the last peer finished.
 
 The all-reduce is priced as the runtime runs it, not as the paper prices it. hivemind's AllReduceRunner sends every
 shard at once, each pair over its own path, so stage group C_s takes its slowest pair's two sends of its share of
 c_s, the payload of the stage's own layers (the paper sums a member's sends, as if one followed another). And a stage
-starts its all-reduce as soon as its own backward pass ends (client/training/stage_worker.py), while the last
-micro-batch's gradients still cross the stages before it, each spending b_j: only what outlasts that is on the
-step's critical path (`exposed_allreduce_s`). benchmarks/mixed_swarm.py checks the model against measured steps
+starts its all-reduce as soon as its last replica's backward pass ends (client/training/stage_worker.py), while the
+last micro-batch's gradients still cross the stages before it, each spending b_jr: only what outlasts that is on the
+step's critical path (`step_terms`). benchmarks/mixed_swarm.py checks the model against measured steps
 (benchmarks/RESULTS.md).
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
@@ -64,8 +65,8 @@ from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment, PipelineSchedule
 from hetswarm.protocol.units import BYTES_PER_GIB
 
-__all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "exposed_allreduce_s",
-           "in_flight", "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes"]
+__all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "in_flight",
+           "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes", "step_terms"]
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
@@ -86,7 +87,7 @@ class LiveBreakdown:
     """Seconds of one training step, by cause."""
 
     data_parallel_s: float
-    """The stage groups' all-reduces, as far as they outlast the pipeline (`exposed_allreduce_s`)."""
+    """The stage groups' all-reduces, as far as they outlast the pipelines (`step_terms`)."""
     pipeline_parallel_s: float
     """Activations forward and their gradients backward, as far as they outlast the compute (`pipeline_terms`)."""
     compute_s: float
@@ -215,7 +216,7 @@ def stage_memory_bytes(model: ModelConfig, *, d_pp: int, d_dp: int, execution: E
 
 def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray, execution: Execution | None = None
                     ) -> np.ndarray:
-    """(d_pp,) seconds each stage computes per step, set by its slowest replica.
+    """(d_pp, d_dp) seconds each device of the grid computes its stage per step.
 
     Args:
         grid: (d_pp, d_dp) device ids, grid[s, r] runs stage s of pipeline r.
@@ -224,33 +225,18 @@ def stage_compute_s(model: ModelConfig, grid: np.ndarray, tflops: np.ndarray, ex
     d_pp, d_dp = grid.shape
     execution = execution or Execution.even(model, d_pp)
     costs = StageCosts.of(model, execution, d_dp=d_dp)
-    slowest = tflops[grid].min(axis=1)  # (d_pp,)
-    if (slowest <= 0).any():
-        raise NoFeasiblePlan(f"stage {int(np.argmin(slowest))} has a device with no measured TFLOPS")
-    return costs.at(costs.flops, execution.layer_counts) / (slowest * 1e12)
-
-
-def exposed_allreduce_s(allreduce_s: np.ndarray, stage_s: np.ndarray, *, micro_batches: int, recompute: bool
-                        ) -> np.ndarray:
-    """(...,) DataP as the runtime runs it: the part of the stage groups' all-reduces that outlasts the pipeline.
-
-    A stage starts its all-reduce when its own backward pass ends (client/training/stage_worker.py), and the
-    gradients of its last micro-batch (under GPipe and 1F1B alike) still have stage s − 1 down to 0 to cross: stage
-    s's all-reduce has at least their backward of one micro-batch, Σ_{j<s} b_j, to run hidden. Stage 0 has none,
-    so DataP ≥ its all-reduce.
-
-    Args:
-        allreduce_s, stage_s: (..., d_pp) each stage's all-reduce and compute per step, in stage order.
-    """
-    backward = stage_s * _BACKWARD_SHARE[recompute] / micro_batches
-    lead = np.cumsum(backward, axis=-1) - backward  # Σ_{j<s}
-    return (allreduce_s - lead).max(axis=-1)
+    speed = tflops[grid]  # (d_pp, d_dp)
+    if (speed <= 0).any():
+        stage, replica = np.argwhere(speed <= 0)[0]
+        raise NoFeasiblePlan(f"device {grid[stage, replica]} of stage {stage} has no measured TFLOPS")
+    return costs.at(costs.flops, execution.layer_counts)[:, None] / (speed * 1e12)
 
 
 def pipeline_terms(stage_s: np.ndarray, hop_s: np.ndarray, *, micro_batches: int, recompute: bool
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute, bubble, pipeline communication), each (...,): Φ(f) + Φ(b) of the module docstring, split so that
-    compute and bubble are the slowest stage's time and GPipe's fill and drain, and the rest is what the hops add.
+    """(compute, bubble, pipeline communication), each (...,): Φ(f) + Φ(b) of one pipeline (module docstring),
+    split so that compute and bubble are its slowest stage's time and GPipe's fill and drain, and the rest is what
+    its hops add.
 
     Args:
         stage_s: (..., d_pp) each stage's compute per step, in stage order.
@@ -266,6 +252,37 @@ def pipeline_terms(stage_s: np.ndarray, hop_s: np.ndarray, *, micro_batches: int
     compute = stage_s.max(axis=-1)
     bubble = (stage_s.sum(axis=-1) - compute) / micro_batches
     return compute, bubble, phase(forward) + phase(backward) - compute - bubble
+
+
+def step_terms(stage_s: np.ndarray, hop_s: np.ndarray, allreduce_s: np.ndarray, *, micro_batches: int,
+               recompute: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(DataP, pipeline communication, compute, bubble), each (...,), of pipelines that run side by side until
+    their stage groups' all-reduces (module docstring).
+
+    Each pipeline r ends its pass at its own makespan T_r = Φ_r(f) + Φ_r(b). Stage s's replica in it ends its
+    backward pass Σ_{j<s} b_jr before that (the last micro-batch's gradients still cross the stages before it),
+    and the group starts its all-reduce when its last replica has: the step's work ends at
+    max_s (max_r (T_r − Σ_{j<s} b_jr) + A_s). The slowest pipeline's terms are reported, and DataP is what the
+    all-reduces add to its T_r (at least stage 0's: nothing hides it).
+
+    Args:
+        stage_s: (..., d_dp, d_pp) each pipeline's stages' compute per step.
+        hop_s: (..., d_dp, d_pp − 1) each pipeline's hops' time for one micro-batch.
+        allreduce_s: (..., d_pp) each stage group's all-reduce.
+    """
+    runs = {"micro_batches": micro_batches, "recompute": recompute}
+    compute, bubble, pipe = pipeline_terms(stage_s, hop_s, **runs)  # (..., d_dp)
+    makespan = compute + bubble + pipe
+    backward = stage_s * _BACKWARD_SHARE[recompute] / micro_batches
+    lead = np.cumsum(backward, axis=-1) - backward  # Σ_{j<s}, (..., d_dp, d_pp)
+    started = (makespan[..., None] - lead).max(axis=-2)  # (..., d_pp)
+    slowest = np.argmax(makespan, axis=-1)[..., None]
+
+    def of_slowest(term: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(term, slowest, axis=-1)[..., 0]
+
+    data = (started + allreduce_s).max(axis=-1) - makespan.max(axis=-1)
+    return data, of_slowest(pipe), of_slowest(compute), of_slowest(bubble)
 
 
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
@@ -292,10 +309,11 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         raise NoFeasiblePlan(f"stage {stage} needs {need_gib[stage]:.2f} GiB but device {grid[stage, replica]} has "
                              f"{memory_gib[grid[stage, replica]]:.2f} GiB")
     stage_s = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
-    runs = {"micro_batches": execution.micro_batches, "recompute": execution.recompute}
-    compute, bubble, pipe = pipeline_terms(stage_s, plan.micro_batch_hops_s(execution.micro_batches), **runs)
+    hop_s = np.broadcast_to(plan.micro_batch_hops_s(execution.micro_batches), (d_dp, d_pp - 1))
+    data, pipe, compute, bubble = step_terms(stage_s.T, hop_s, plan.stage_allreduce_s,
+                                             micro_batches=execution.micro_batches, recompute=execution.recompute)
     return LiveBreakdown(
-        data_parallel_s=float(exposed_allreduce_s(plan.stage_allreduce_s, stage_s, **runs)),
+        data_parallel_s=float(data),
         pipeline_parallel_s=float(pipe),
         compute_s=float(compute),
         bubble_s=float(bubble),

@@ -9,17 +9,20 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
   all-reduce is priced by indexing at whatever payload its layers give it;
 - a pair of groups is linked by the paper's bottleneck matching, of one micro-batch's activations (`hops`);
 - `combine` puts the groups in stage order, cuts the layers (`balanced_cut`: a group of slow or small devices
-  holds fewer; or the even cut, whichever is faster) and adds the live model's terms: the all-reduces the pipeline
-  does not hide + the pipeline's forward and backward over stages and hops (live_cost.pipeline_terms) + the
-  commit vote, plus
+  holds fewer; or the even cut, whichever is faster) and adds the live model's terms (live_cost.step_terms) for
+  one pipeline made of each stage's slowest device and each hop's slowest pipeline: the forward and backward over
+  stages and hops, the all-reduces they do not hide, and the commit vote. That bounds the deployed plan's step
+  from above (its pipelines are each at most that slow) and equals it when every stage group's devices are
+  equally fast, which is what the search favours. Plus
   `PENALTY_S_PER_GIB` for every GiB a stage lacks on its smallest device, so that the search walks out of
   infeasible placements instead of seeing a wall. The order is the best of all orders for up to
   `EXACT_ORDER_MAX_STAGES` stages; beyond, the cheapest open path of the links, either way round (first and last
   stages hold the embedding and the head, so the direction matters).
 
 A model is searched with one way of running its stages (`execution_options`: schedule, micro-batches,
-recomputation), the first that lets a plan fit. Devices are interchangeable for the search only if they are network twins with the same
-TFLOPS and memory.
+recomputation), the first that lets a plan fit; the plan found then runs the fastest way that fits
+(coordinator/scheduler.py). Devices are interchangeable for the search only if they are network twins with the
+same TFLOPS and memory.
 """
 from __future__ import annotations
 
@@ -37,9 +40,8 @@ from hetswarm.coordinator.live_cost import (
     LiveBreakdown,
     NoFeasiblePlan,
     StageCosts,
-    exposed_allreduce_s,
-    pipeline_terms,
     stage_memory_bytes,
+    step_terms,
 )
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.model_config import ModelConfig
@@ -214,8 +216,9 @@ class LiveCostModel:
         stage_s = self.flops[stages, counts] * rows[:, :, 0]  # (P, d_pp)
         short = np.maximum(self.need_gib[stages, counts] - rows[:, :, 1], 0.0).sum(axis=1)
         runs = {"micro_batches": self.micro_batches, "recompute": self.recompute}
-        data = exposed_allreduce_s(self._allreduce_s(rows, counts), stage_s, **runs)
-        compute, bubble, pipe = pipeline_terms(stage_s, link_times_s[orders[:, :-1], orders[:, 1:]], **runs)
+        hop_s = link_times_s[orders[:, :-1], orders[:, 1:]]  # (P, d_pp − 1), each hop at its slowest pipeline
+        data, pipe, compute, bubble = step_terms(stage_s[:, None], hop_s[:, None], self._allreduce_s(rows, counts),
+                                                 **runs)
         totals = data + pipe + compute + bubble + self.commit_s + PENALTY_S_PER_GIB * short
         return totals, (data, pipe, compute, bubble, short)
 

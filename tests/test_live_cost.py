@@ -65,6 +65,19 @@ def test_an_allreduce_runs_hidden_while_the_stages_before_it_finish_their_backwa
     assert live.compute_s == pytest.approx(7.776)  # the backward of stage 0 is 2/3 of it, split in M = 2
 
 
+def test_pipelines_run_at_their_own_pace_until_the_allreduce():
+    # Pipeline 0 is (slow, fast): 7.776 s then 1.896 s; pipeline 1 is (fast, slow): 1.944 s then 7.584 s. Neither
+    # is as slow as a pipeline of both slow devices (7.776 + 7.584 / 2 of bubble).
+    tflops = np.array([1e-9, 4e-9, 4e-9, 1e-9])
+    live = predict_step_s(plan_on_uniform_network(), MODEL, tflops=tflops, memory_gib=ROOMY_GIB)
+    # Pipeline 0 is the slower (7.776 + 1.896 / 2 against 7.584 + 1.944 / 2); stage 0's all-reduce starts at its end.
+    assert live.compute_s == pytest.approx(7.776) and live.bubble_s == pytest.approx(0.948)
+    assert live.data_parallel_s == pytest.approx(0.020009344)
+    assert live.total_s == pytest.approx(0.020009344 + 0.020000256 + 7.776 + 0.948)
+    slowest_per_stage = predict_step_s(plan_on_uniform_network(), MODEL, tflops=np.full(4, 1e-9), memory_gib=ROOMY_GIB)
+    assert slowest_per_stage.bubble_s == pytest.approx(7.584 / 2)
+
+
 def test_a_hop_slower_than_every_stage_paces_both_phases():
     bandwidth = np.full((4, 4), 1.0)
     bandwidth[1, 3] = bandwidth[3, 1] = 8 * 16e-9 / 9.99  # pipeline 1's hop: 0.010 + 9.99 = 10 s per micro-batch of 16 B

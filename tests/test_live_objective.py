@@ -50,6 +50,15 @@ def compositions(total: int, parts: int):
         yield tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
+def slowest_of_group(tflops: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Every device as fast as the slowest of its stage group: the live objective's view of a plan, whose
+    deployed step it bounds from above (coordinator/live_objective.py)."""
+    slowest = tflops.copy()
+    for group in grid:
+        slowest[group] = tflops[group].min()
+    return slowest
+
+
 def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
                 ) -> tuple[float, Execution | None]:
     """The lowest live step time over every way of running the stages (`execution_options`), partition, stage
@@ -68,7 +77,8 @@ def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *
                     plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
                                                matched_by=hops)
                     try:
-                        step_s = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, execution=execution,
+                        step_s = predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid),
+                                                memory_gib=memory, execution=execution,
                                                 latency_ms=paper.network.latency_ms).total_s
                     except NoFeasiblePlan:
                         continue
@@ -115,16 +125,18 @@ def test_with_cuts_chosen_per_placement_the_search_finds_the_brute_force_optimum
 def assert_priced_as_found(result, tflops: np.ndarray, memory: np.ndarray, network: Network, optimum: float,
                            execution: Execution) -> None:
     """The plan runs the way the brute force's optimum does, costs what it costs, and the search's own price of it
-    is the live model's."""
-    found = predict_step_s(result.plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
-                           execution=result.execution)
+    is the live model's; deployed, its pipelines are no slower."""
+    found, deployed = (predict_step_s(result.plan, MODEL, tflops=speeds, memory_gib=memory,
+                                      latency_ms=network.latency_ms, execution=result.execution)
+                       for speeds in (slowest_of_group(tflops, result.plan.grid), tflops))
     assert result.execution.option == execution.option
     assert found.total_s == pytest.approx(optimum, rel=1e-9)
     assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
+    assert deployed.total_s <= found.total_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("d_dp, d_pp", [(2, 4), (4, 2)])
-def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deployment(d_dp, d_pp):
+def test_the_objective_prices_any_partition_as_the_live_model_prices_its_slowest_pipeline(d_dp, d_pp):
     network, tflops, memory = swarm(7, d_dp, d_pp, small_share=0.0)  # all fit: predict_step_s refuses the rest
     paper = PaperCostModel(network, Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp), d_dp=d_dp, d_pp=d_pp)
     for balanced in (False, True):
@@ -137,9 +149,11 @@ def test_the_objective_prices_any_partition_as_the_live_model_prices_its_deploym
             stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
             plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes,
                                        matched_by=live.hops)
-            priced = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
-                                    execution=execution)
+            priced, deployed = (predict_step_s(plan, MODEL, tflops=speeds, memory_gib=memory,
+                                               latency_ms=network.latency_ms, execution=execution)
+                                for speeds in (slowest_of_group(tflops, plan.grid), tflops))
             assert candidate.cost_s == pytest.approx(priced.total_s, rel=1e-9)
+            assert deployed.total_s <= priced.total_s * (1 + 1e-9)  # tests/test_live_cost.py has a looser case
 
 
 def test_a_stage_that_does_not_fit_is_priced_by_how_much_it_lacks():
