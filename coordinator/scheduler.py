@@ -46,8 +46,9 @@ def find_plan(
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
     placement (`balanced`) or evenly, and the stages run the fastest way that fits the devices' memory
-    (`execution_options`: a search each, while none fits, skipping those that need no less memory anywhere than one
-    that did not fit; then the plan found, run each way, `_fastest_way`). The plan's `breakdown` is its paper cost,
+    (`execution_options`): the search runs under the way its seeds do best in (`_best_seeded`), or, when no seed
+    fits any way, under each way in turn until one fits (skipping those that need no less memory anywhere than one
+    that did not); then the plan found runs the fastest way it fits (`_fastest_way`). The plan's `breakdown` is its paper cost,
     with each stage's own payload; `predict_step_s` with the result's execution prices it live.
 
     Raises:
@@ -63,14 +64,17 @@ def find_plan(
     seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
     options = [LiveCostModel(model, hardware, option=option, balanced=balanced)
                for option in execution_options(hardware.model, d_dp)]
-    too_big: list[np.ndarray] = []  # what the options that did not fit need
-    for live in options:
-        if any((live.need_gib >= need).all() for need in too_big):
-            continue  # needs at least as much everywhere (1F1B with M ≤ D_PP holds all M, as GPipe does)
+    if (live := _best_seeded(options, seeds)) is not None:
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
-        if result.best.breakdown.short_gib == 0:
-            break
-        too_big.append(live.need_gib)
+    else:
+        too_big: list[np.ndarray] = []  # what the options that did not fit need
+        for live in options:
+            if any((live.need_gib >= need).all() for need in too_big):
+                continue  # needs at least as much everywhere (1F1B with M ≤ D_PP holds all M, as GPipe does)
+            result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
+            if result.best.breakdown.short_gib == 0:
+                break
+            too_big.append(live.need_gib)
     live, best = _fastest_way(options, live, result.best)
     result = replace(result, best=best)
     execution = live.execution(result.best.breakdown)
@@ -78,6 +82,19 @@ def find_plan(
     plan = plan_from_partition(model, result.best.partition, result.best.order, stage_dp_bytes=stage_dp_bytes,
                                matched_by=live.hops)
     return ScheduleResult(plan=plan, search=result, execution=execution)
+
+
+def _best_seeded(options: list[LiveCostModel], seeds: list[np.ndarray]) -> LiveCostModel | None:
+    """The way to run the stages under which the best seed that fits is fastest: the search starts from the seeds
+    and mostly refines them, so the way they do best in is where it should look. None when no seed fits any way."""
+    best, best_s = None, np.inf
+    for live in options:
+        cached = CachedEvaluator(live)
+        for seed in seeds:
+            candidate = cached.candidate(seed)
+            if candidate.breakdown.short_gib == 0 and candidate.cost_s < best_s:
+                best, best_s = live, candidate.cost_s
+    return best
 
 
 def _fastest_way(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
