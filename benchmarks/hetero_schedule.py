@@ -97,10 +97,9 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "A plan runs the first way that fits (the model's micro-batches, then recomputation, then more "
-        "micro-batches): the live model charges nothing per micro-batch, so it cannot rank their counts. Where the "
-        "live plan's uneven cut fits with fewer micro-batches than the paper plan's even cut needs, the paper plan "
-        "run its own way can be predicted faster (a smaller bubble): the column \"run its own way\".",
+        "The live plan runs the fastest way that fits (GPipe or 1F1B, micro-batches, recomputation; more "
+        "micro-batches shrink the bubble and cost a latency per hop each). \"Run its own way\": the paper plan run "
+        "the first way its even cut fits (`fitting`).",
     ]))
 
 

@@ -6,6 +6,7 @@ within its budget, and deploys the best partition along its bottleneck matchings
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -64,7 +65,10 @@ def find_plan(
     seeds.append(greedy_placement(model, hardware.tflops).grid)  # groups of equal speed
     options = [LiveCostModel(model, hardware, option=option, balanced=balanced)
                for option in execution_options(hardware.model, d_dp)]
+    choosing = time.monotonic()
     if (live := _best_seeded(options, seeds)) is not None:
+        spent = time.monotonic() - choosing  # counts against the budget, as the search's own seeding does
+        config = replace(config, time_budget_s=max(config.time_budget_s - spent, config.time_budget_s / 10))
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
     else:
         too_big: list[np.ndarray] = []  # what the options that did not fit need
