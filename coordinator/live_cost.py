@@ -55,15 +55,17 @@ prices cuts by indexing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from hetswarm.coordinator.plan import Plan
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment, PipelineSchedule
+from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.units import BYTES_PER_GIB
+
+if TYPE_CHECKING:  # the scheduler runs without the record schemas' pydantic (tests/test_import_doors.py)
+    from hetswarm.protocol.records import Assignment
 
 __all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "in_flight",
            "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes", "step_terms"]

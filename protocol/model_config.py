@@ -13,6 +13,10 @@ from typing import Any, Literal
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 
+PipelineSchedule = Literal["gpipe", "1f1b"]
+"""The order of a stage's forward and backward passes in a step (client/training/pipeline_schedule.py); a plan
+chooses it, the model does not, but the scheduler needs the name without the record schemas' pydantic."""
+
 _DTFM_REFERENCE_SEQ_LEN = 2024
 """The DT-FM reference prices activations with 2024 tokens per sequence, a typo for 2048 that its published costs
 carry (docs/dtfm.md, reference constants); `dtfm-reference` accounting keeps it so those costs reproduce."""

@@ -30,15 +30,13 @@ from hetswarm.protocol.limits import (
     MAX_TOKEN_CHARS,
     MAX_UNREACHABLE_PER_RECORD,
 )
-from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.wire_format import WireFormat
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
 PeerState = Literal["joining", "ready", "training", "leaving"]
 Health = Literal["training", "retrying", "stalled"]
 Aggregation = Literal["mean", "centered_clip"]
-PipelineSchedule = Literal["gpipe", "1f1b"]
-"""The order of a stage's forward and backward passes (client/training/pipeline_schedule.py)."""
 """How a stage group's reducers combine the members' gradients (client/training/robust_aggregation.py)."""
 StateOrigin = Literal["seed", "kept", "handed off", "checkpoint"]
 """Where a stage's state came from when its plan started: the seed, this peer's own state, other peers' (a

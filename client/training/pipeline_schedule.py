@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hetswarm.protocol.records import PipelineSchedule
+from hetswarm.protocol.model_config import PipelineSchedule
 
 __all__ = ["Pass", "pass_order"]
 

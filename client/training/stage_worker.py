@@ -46,8 +46,8 @@ from hetswarm.client.training.replica_sync import ReplicaSync
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
-from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment, PeerId, PipelineSchedule
+from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
+from hetswarm.protocol.records import Assignment, PeerId
 
 __all__ = ["StageConfig", "StageWorker", "StepReport", "start_stage"]
 
