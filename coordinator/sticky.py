@@ -10,11 +10,11 @@ and two moments), over the best link from a holder, the movers in parallel. So e
 * the *searched* plan: the scheduler's best over the same peers.
 
 The searched plan wins when it is predicted at least ``improvement`` faster per step than the sticky one (the
-hysteresis the replanner already applies to plans on unchanged peers) and, if it moves a peer the sticky plan does
-not, its extra hand-off time is won back within ``payback_steps`` steps. Moving one more peer never counts as
-free, even when the movers' parallel downloads would end sooner (measured links are noisy; on loopback they are
-all noise): with ``payback_steps = 0`` only the peers the sticky plan moves anyway may move. The reason says which
-peers moved and why.
+hysteresis the replanner already applies to plans on unchanged peers) and its extra hand-off time is won back
+within ``payback_steps`` steps. No change counts as free: a plan whose movers' parallel downloads would end sooner
+than the sticky plan's (measured links are noisy; on loopback they are all noise) still costs every peer a restart
+under a new version, so with ``payback_steps = 0`` the sticky plan always stays. The reason says which peers moved
+and why.
 """
 from __future__ import annotations
 
@@ -89,10 +89,7 @@ def search_pays(searched: Migration, sticky: Migration, gain_s: float, sticky_st
                 improvement: float, payback_steps: int) -> bool:
     """Whether the searched plan, `gain_s` faster per step than the sticky one, is worth its moves (module
     docstring)."""
-    if gain_s < improvement * sticky_step_s:
-        return False
-    extra_movers = {peer for peer, stage in searched.moves.items() if sticky.moves.get(peer) != stage}
-    return not extra_movers or gain_s * payback_steps > max(searched.seconds - sticky.seconds, 0.0)
+    return gain_s >= improvement * sticky_step_s and gain_s * payback_steps > max(searched.seconds - sticky.seconds, 0)
 
 
 def _overlap(layers: tuple[int, int], other: tuple[int, int] | None) -> tuple[int, int] | None:

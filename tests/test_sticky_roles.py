@@ -75,18 +75,14 @@ def test_the_search_wins_when_its_plan_is_much_faster_and_pays_for_its_moves():
         assert "nobody changes stage, the pipelines are re-paired" in reason, reason
 
 
-def test_with_no_steps_to_pay_back_nobody_changes_stage_though_pipelines_may_be_re_paired():
+def test_with_no_steps_to_pay_back_the_plan_in_force_stays():
     planner = replanner(payback_steps=0)
     first = first_plan(planner, worldwide_records(4))
     proposal, reason = planner.decide(slow_first_hop_and_a_fast_joiner(first), now=2.0)
-    assert held_stages(proposal.pipelines) == held_stages(first.pipelines), reason
-    if proposal.pipelines == first.pipelines:
-        assert reason.endswith("nobody moves"), reason
-    else:  # the crawling hop re-paired away, which moves no state
-        assert "nobody changes stage, the pipelines are re-paired" in reason, reason
+    assert proposal.pipelines == first.pipelines and reason.endswith("nobody moves"), reason
 
 
-def test_moving_a_peer_the_sticky_plan_keeps_is_never_free():
+def test_a_quicker_hand_off_does_not_make_a_change_free():
     # The CI failure this guards: the standby's noisy loopback link to the dead peer's stage measured slower than
     # two parallel moves elsewhere, so the search's plan "saved" hand-off time by moving a peer that needed no move.
     sticky = Migration({IDS[4]: 0}, seconds=5.0)  # the standby takes the dead peer's stage
@@ -95,7 +91,7 @@ def test_moving_a_peer_the_sticky_plan_keeps_is_never_free():
     assert not search_pays(searched, sticky, **decide, payback_steps=0)
     assert search_pays(searched, sticky, **decide, payback_steps=1)
     assert not search_pays(searched, sticky, gain_s=0.05, sticky_step_s=1.0, improvement=0.1, payback_steps=10**6)
-    assert search_pays(Migration({IDS[4]: 0}, 5.0), sticky, **decide, payback_steps=0)  # no peer moves that need not
+    assert not search_pays(Migration({}, 0.0), Migration({}, 0.0), **decide, payback_steps=0)  # not even a re-pairing
     slower = Migration({IDS[4]: 0, IDS[3]: 1}, seconds=9.0)
     assert not search_pays(slower, sticky, **decide, payback_steps=8)  # 4 s more hand-off, won back in 8 steps
     assert search_pays(slower, sticky, **decide, payback_steps=9)
