@@ -75,3 +75,12 @@ def test_unusable_data_is_refused_with_a_clear_error(tmp_path):
 def test_micro_batch_size_splits_the_step_over_pipelines_and_micro_batches():
     tiny = get_model_config("tiny")  # 8 sequences per step, 2 micro-batches
     assert [sequences_per_micro_batch(tiny, n) for n in (1, 2, 4, 8)] == [4, 2, 1, 1]
+
+
+def test_a_step_trains_on_the_same_sequences_however_it_is_split_into_micro_batches():
+    source = TokenSource(default_corpus(50_000))
+    whole = source.batch(step=3, pipeline=1, n_pipelines=2, micro_batch=0, micro_batch_size=4, seq_len=16)[0]
+    halves = [source.batch(step=3, pipeline=1, n_pipelines=2, micro_batch=m, micro_batch_size=2, seq_len=16)[0]
+              for m in range(2)]
+    assert torch.equal(whole, torch.cat(halves))
+    assert not torch.equal(halves[0], halves[1])

@@ -104,7 +104,9 @@ class TokenSource:
         """Micro-batch ``micro_batch`` of pipeline ``pipeline`` at optimizer step ``step``.
 
         Each row is a window of seq_len + 1 bytes at a random offset in the pipeline's shard, the RNG seeded by
-        (seed, step, pipeline, micro_batch); the targets are the inputs shifted left by one token.
+        (seed, step, pipeline, sequence) with sequence = micro_batch · micro_batch_size + row, so that a step trains
+        on the same sequences however a plan splits it into micro-batches; the targets are the inputs shifted left
+        by one token.
 
         Returns:
             (inputs, targets), both int64 of shape (micro_batch_size, seq_len).
@@ -117,8 +119,8 @@ class TokenSource:
         if windows < 1:
             raise DataError(f"the corpus ({len(self.tokens)} bytes) cut into {n_pipelines} shards leaves "
                             f"{len(shard)} bytes for pipeline {pipeline}: fewer than seq_len + 1 = {seq_len + 1}")
-        entropy = np.random.SeedSequence([self.seed, step, pipeline, micro_batch]).generate_state(1, np.uint64)[0]
-        generator = torch.Generator().manual_seed(int(entropy))
-        starts = torch.randint(windows, (micro_batch_size, 1), generator=generator)  # (B, 1)
+        first = micro_batch * micro_batch_size
+        starts = torch.tensor([[int(np.random.SeedSequence([self.seed, step, pipeline, sequence]).generate_state(
+            1, np.uint64)[0] % windows)] for sequence in range(first, first + micro_batch_size)])  # (B, 1)
         rows = shard[starts + torch.arange(seq_len + 1)].long()  # (B, T + 1)
         return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)
