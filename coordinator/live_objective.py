@@ -20,8 +20,7 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
   stages hold the embedding and the head, so the direction matters).
 
 A model is searched with one way of running its stages (`execution_options`: schedule, micro-batches,
-recomputation), the first that lets a plan fit; the plan found then runs the fastest way that fits
-(coordinator/scheduler.py). Devices are interchangeable for the search only if they are network twins with the
+recomputation), chosen by coordinator/scheduler.py, where the plan found then runs the fastest way that fits. Devices are interchangeable for the search only if they are network twins with the
 same TFLOPS and memory.
 """
 from __future__ import annotations

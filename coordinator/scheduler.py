@@ -91,26 +91,30 @@ def find_plan(
 def _best_seeded(options: list[LiveCostModel], seeds: list[np.ndarray]) -> LiveCostModel | None:
     """The way to run the stages under which the best seed that fits is fastest: the search starts from the seeds
     and mostly refines them, so the way they do best in is where it should look. None when no seed fits any way."""
-    best, best_s = None, np.inf
-    for live in options:
-        cached = CachedEvaluator(live)
-        for seed in seeds:
-            candidate = cached.candidate(seed)
-            if candidate.breakdown.short_gib == 0 and candidate.cost_s < best_s:
-                best, best_s = live, candidate.cost_s
-    return best
+    best = _fastest_fitting(options, seeds)
+    return None if best is None else best[0]
 
 
 def _fastest_way(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
                  ) -> tuple[LiveCostModel, Candidate]:
     """The partition `live`'s search found, run the fastest way that fits (each option re-cuts and re-orders it):
-    the search stops at the first way that fits, but a later one may be faster (fewer bubbles with more
+    the search ran under one way, and another may be faster for what it found (fewer bubbles with more
     micro-batches, which cost a latency per hop each: live_cost's Φ)."""
-    best = (live, found)
-    for other in options:
-        candidate = CachedEvaluator(other).candidate(found.partition)
-        if candidate.breakdown.short_gib == 0 and candidate.cost_s < best[1].cost_s:
-            best = (other, candidate)
+    return _fastest_fitting(options, [found.partition], incumbent=(live, found))
+
+
+def _fastest_fitting(options: list[LiveCostModel], partitions: list[np.ndarray],
+                     incumbent: tuple[LiveCostModel, Candidate] | None = None
+                     ) -> tuple[LiveCostModel, Candidate] | None:
+    """The fastest of `partitions` run any of the ways `options`, among those that fit, if faster than
+    `incumbent`."""
+    best = incumbent
+    for live in options:
+        cached = CachedEvaluator(live)
+        for partition in partitions:
+            candidate = cached.candidate(partition)
+            if candidate.breakdown.short_gib == 0 and (best is None or candidate.cost_s < best[1].cost_s):
+                best = (live, candidate)
     return best
 
 
