@@ -235,8 +235,8 @@ def execution_options(model: ModelConfig, d_dp: int) -> list[ExecutionOption]:
     """Ways to run the stages, least change first: the model's own (GPipe); 1F1B, which holds fewer micro-batches
     at once for the same step time (live_cost, Memory); 1F1B with more micro-batches, each smaller; then with
     recomputation, for a third more compute, with as many micro-batches again (up to one sequence each).
-    Only memory moves a plan down this list: the live model charges nothing per micro-batch (each costs a frame per
-    hop and smaller matrix products), so it cannot tell how many are fastest."""
+    Memory moves a plan down this list, and so does a clear predicted gain (scheduler.WAY_MARGIN: the live model
+    charges a latency per micro-batch and hop but no fixed cost per pass, so it favours many micro-batches)."""
     sequences = max(1, int(model.batch_tokens / d_dp / model.seq_len))
     counts = [count for count in dict.fromkeys([*(min(model.micro_batches * k, sequences) for k in (1, 4, 16)),
                                                 sequences]) if count >= model.micro_batches]

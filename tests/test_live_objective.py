@@ -12,12 +12,13 @@ import pytest
 
 from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.live_cost import (Execution, ExecutionOption, NoFeasiblePlan, predict_step_s,
+                                            stage_memory_bytes)
 from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.neighbourhood import CachedEvaluator
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import plan_from_partition
-from hetswarm.coordinator.scheduler import find_plan
+from hetswarm.coordinator.scheduler import WAY_MARGIN, find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
@@ -61,29 +62,39 @@ def slowest_of_group(tflops: np.ndarray, grid: np.ndarray) -> np.ndarray:
 
 def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
                 ) -> tuple[float, Execution | None]:
-    """The lowest live step time over every way of running the stages (`execution_options`), partition, stage
-    order and (with `balanced`) cut, as deployed; (inf, None) when nothing fits."""
+    """The lowest live step time over every partition, stage order and (with `balanced`) cut, as deployed, in the
+    way the scheduler would run it: the first of `execution_options` in which anything fits, unless a later way's
+    optimum is lower by `WAY_MARGIN`; (inf, None) when nothing fits."""
     best, best_execution = np.inf, None
     for option in execution_options(MODEL, paper.d_dp):
-        even = Execution.even(MODEL, paper.d_pp, **option._asdict())
-        cuts = compositions(MODEL.n_layers, paper.d_pp) if balanced else [even.layer_counts]
-        executions = [replace(even, layer_counts=cut) for cut in cuts]
-        hops = paper.with_pp_bytes(paper.payloads.pp_bytes / even.micro_batches)  # one micro-batch per hop
-        for execution in executions:
-            stage_dp_bytes = [MODEL.dp_payload_bytes_of(count, first=s == 0, last=s == paper.d_pp - 1)
-                              for s, count in enumerate(execution.layer_counts)]
-            for groups in balanced_partitions(tuple(range(paper.n_devices)), paper.d_dp):
-                for order in itertools.permutations(range(paper.d_pp)):
-                    plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
-                                               matched_by=hops)
-                    try:
-                        step_s = predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid),
-                                                memory_gib=memory, execution=execution,
-                                                latency_ms=paper.network.latency_ms).total_s
-                    except NoFeasiblePlan:
-                        continue
-                    if step_s < best:
-                        best, best_execution = step_s, execution
+        step_s, execution = _brute_force_in(paper, tflops, memory, option, balanced=balanced)
+        if best == np.inf or step_s < best * (1 - WAY_MARGIN):
+            best, best_execution = step_s, execution
+    return best, best_execution
+
+
+def _brute_force_in(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, option: ExecutionOption, *,
+                    balanced: bool) -> tuple[float, Execution | None]:
+    """The lowest live step time run the way `option`; (inf, None) when nothing fits that way."""
+    best, best_execution = np.inf, None
+    even = Execution.even(MODEL, paper.d_pp, **option._asdict())
+    cuts = compositions(MODEL.n_layers, paper.d_pp) if balanced else [even.layer_counts]
+    hops = paper.with_pp_bytes(paper.payloads.pp_bytes / even.micro_batches)  # one micro-batch per hop
+    for execution in (replace(even, layer_counts=cut) for cut in cuts):
+        stage_dp_bytes = [MODEL.dp_payload_bytes_of(count, first=s == 0, last=s == paper.d_pp - 1)
+                          for s, count in enumerate(execution.layer_counts)]
+        for groups in balanced_partitions(tuple(range(paper.n_devices)), paper.d_dp):
+            for order in itertools.permutations(range(paper.d_pp)):
+                plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
+                                           matched_by=hops)
+                try:
+                    step_s = predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid),
+                                            memory_gib=memory, execution=execution,
+                                            latency_ms=paper.network.latency_ms).total_s
+                except NoFeasiblePlan:
+                    continue
+                if step_s < best:
+                    best, best_execution = step_s, execution
     return best, best_execution
 
 
