@@ -12,8 +12,13 @@ import pytest
 
 from hetswarm.coordinator.baselines import greedy_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import (Execution, ExecutionOption, NoFeasiblePlan, predict_step_s,
-                                            stage_memory_bytes)
+from hetswarm.coordinator.live_cost import (
+    Execution,
+    ExecutionOption,
+    NoFeasiblePlan,
+    predict_step_s,
+    stage_memory_bytes,
+)
 from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.neighbourhood import CachedEvaluator
 from hetswarm.coordinator.network import Network
