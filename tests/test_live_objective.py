@@ -1,7 +1,8 @@
 """The live cost model as the search's objective (coordinator/live_objective.py), checked against brute force: on
 small random swarms of mixed speed and memory, the search finds the partition, stage order and cut of the layers
-that the live model itself (`predict_step_s` of the deployed plan) prices lowest among all of them, under the first
-way of running the stages that fits, and its cost is that price."""
+that the live model itself (`predict_step_s` of the deployed plan) prices lowest among all of them, in the way of
+running the stages the scheduler chooses (the first that fits, unless a later one is clearly faster), and its cost is
+that price."""
 from __future__ import annotations
 
 import itertools
