@@ -4,10 +4,14 @@ A peer's record claims a TFLOPS figure, and placement trusts it; a peer that cla
 stage it cannot keep up with, and slow every pipeline. Under a plan, each member reports the seconds its stage's
 compute took per step, so the coordinator knows the FLOPs it did in that time (the live cost model's F_s·B/D_DP,
 coordinator/live_cost.py) and hence the TFLOPS it achieves. Training never reaches a matmul benchmark's peak,
-so achieved/claimed (the peer's efficiency) is compared with the median efficiency of the plan's members: a peer
-far below it (by more than `tolerance`) claims more than it does. It is then priced by what it does, at the TFLOPS
-that would give it the median efficiency, and flagged with both figures (the Refusals record, the monitor).
-Like SWARM's throughput-based load balancing, what is measured wins over what is said.
+so achieved/claimed (the peer's efficiency) is compared with the median efficiency of the plan's members. A peer
+whose efficiency is off the median by more than `trust_band`, either way, is priced by what it does: at the TFLOPS
+that would give it the median efficiency (a card throttled, shared or mis-probed computes unlike its figure). One far
+below it (by more than `tolerance`) claims more than it does. Either is flagged with both figures (the Refusals
+record, the monitor). Within the band the claim stands: training time on a shared machine varies from step to step
+and from stage to stage (fixed per-pass costs weigh more on a stage with fewer FLOPs), and a plan that followed that
+noise would move peers for nothing. Like SWARM's throughput-based rebalancing (Ryabinin et al. 2023),
+what is measured wins over what is said, once it says something clear.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ KEPT_REPORTS = 10
 @dataclass
 class ClaimCheck:
     tolerance: float = 3.0
-    """A peer whose efficiency is below the median efficiency divided by this is flagged."""
+    """A peer whose efficiency is below the median efficiency divided by this claims more than it does."""
+    trust_band: float = 2.0
+    """A peer whose efficiency is off the median by more than this factor, either way, is priced by what it does."""
     min_reports: int = 3
     """Steps a peer must have reported before it is judged."""
     min_peers: int = 3
@@ -67,12 +73,21 @@ class ClaimCheck:
         typical = statistics.median(efficiency.values())
         judged, flagged = dict(records), {}
         for peer, own in efficiency.items():
-            if own * self.tolerance >= typical:
+            ratio = own / typical
+            if 1 / self.trust_band <= ratio <= self.trust_band:
                 continue
             claimed = records[peer].hardware.tflops
-            priced = claimed * own / typical
+            priced = claimed * ratio
             hardware = records[peer].hardware.copy(update={"tflops": priced})
             judged[peer] = records[peer].copy(update={"hardware": hardware})
-            flagged[peer] = (f"claims {claimed:.3g} TFLOPS but computes like {priced:.3g} "
-                             f"({typical / own:.0f}× below the swarm's efficiency); priced by what it does")
+            if ratio * self.tolerance < 1:
+                flagged[peer] = (f"claims {claimed:.3g} TFLOPS but computes like {priced:.3g} "
+                                 f"({1 / ratio:.0f}× below the swarm's efficiency); priced by what it does")
+            else:
+                flagged[peer] = (f"computes like {priced:.3g} TFLOPS, not the {claimed:.3g} it claims "
+                                 f"({_times(ratio)} the swarm's efficiency); priced by what it does")
         return judged, flagged
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.1f}× above" if ratio > 1 else f"{1 / ratio:.1f}× below"

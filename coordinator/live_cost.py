@@ -13,7 +13,9 @@ volunteers is not, so the live model adds what the paper leaves out:
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
 tokens of one step over all pipelines, M the micro-batches per pipeline and w the backward's share of the compute
-(2/3; 3/4 recomputing). Pipelines run side by side, each at its own devices' pace, until their stage groups'
+(2/3; 3/4 recomputing). TFLOPS is what the device's probe published, or, once it has trained under a plan and
+computes more than 2× unlike that (relative to the swarm's typical efficiency), what its reported compute times show
+(coordinator/claims.py). Pipelines run side by side, each at its own devices' pace, until their stage groups'
 all-reduces; each hop is charged at its slowest pipeline's (a bound: the slowest hops need not share a pipeline).
 Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose stages are
 the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it computes m + 1

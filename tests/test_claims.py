@@ -1,10 +1,12 @@
 """A peer that claims far more TFLOPS than its reported compute times show is priced by what it does and flagged;
-honest peers, however far a matmul benchmark is from a training step, are left alone (coordinator/claims.py)."""
+honest peers, however far a matmul benchmark is from a training step, are left alone, unless one computes unlike its
+claim by more than the trust band (coordinator/claims.py)."""
 from __future__ import annotations
 
 import pytest
 
 from hetswarm.coordinator.claims import ClaimCheck
+from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.protocol.records import Progress
 from tests.helpers.swarm_records import record
 from tests.test_coordinator_restart import plan
@@ -41,3 +43,27 @@ def test_honest_peers_of_different_speeds_are_not_flagged_and_too_few_reports_ju
     for step in range(2, 5):
         check.observe(assignment, _reports(assignment, {p: 0.4 / speeds[p] for p in peers}, step))
     assert check.judge(records) == (records, {})  # faster peers do their claims' worth: nobody is flagged
+
+
+
+def test_a_peer_computing_unlike_its_claim_beyond_the_band_is_priced_by_what_it_does_either_way():
+    """Within `trust_band` of the swarm's efficiency a claim stands (a shared machine's noise moves nobody); a card
+    2.4× slower than its figure (throttled, shared) or 2.9× faster (under-probed) is priced by what it does, at the
+    TFLOPS that would give it the swarm's efficiency."""
+    assignment = plan()
+    slow, noisy, steady, fast = sorted(assignment.roles)
+    efficiency = {slow: 0.35, noisy: 0.7, steady: 1.0, fast: 2.5}  # of a 1-TFLOPS claim; the median is 0.85
+    costs = StageCosts.of(assignment.model_config(), Execution.of_assignment(assignment), d_dp=assignment.d_dp)
+    flops = costs.at(costs.flops, Execution.of_assignment(assignment).layer_counts)
+    seconds = {p: flops[assignment.roles[p].stage] / (efficiency[p] * 1e12) for p in assignment.roles}
+    records = {p: record(p, tflops=1.0) for p in assignment.roles}
+    check = ClaimCheck()
+    for step in range(1, 5):
+        check.observe(assignment, _reports(assignment, seconds, step))
+    judged, flagged = check.judge(records)
+    assert judged[slow].hardware.tflops == pytest.approx(0.35 / 0.85)
+    assert judged[fast].hardware.tflops == pytest.approx(2.5 / 0.85)
+    assert judged[noisy] == records[noisy] and judged[steady] == records[steady]
+    assert set(flagged) == {slow, fast}
+    assert "2.4× below" in flagged[slow] and "2.9× above" in flagged[fast]
+    assert all("priced by what it does" in why and "but computes like" not in why for why in flagged.values())
