@@ -98,7 +98,7 @@ def main() -> None:
         *rows,
         "",
         "The live plan runs the first way that fits (GPipe, then 1F1B with more micro-batches, then recomputing), "
-        "or a later one predicted at least 15 % faster (scheduler.WAY_MARGIN; more micro-batches shrink the bubble "
+        "or a later one predicted at least 5 % faster (scheduler.WAY_MARGIN; more micro-batches shrink the bubble "
         "and cost a latency per hop each). \"Run its own way\": the paper plan run the first way its even cut "
         "fits (`fitting`).",
     ]))
