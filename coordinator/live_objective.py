@@ -20,8 +20,9 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
   stages hold the embedding and the head, so the direction matters).
 
 A model is searched with one way of running its stages (`execution_options`: schedule, micro-batches,
-recomputation), chosen by coordinator/scheduler.py, where the plan found then runs the fastest way that fits. Devices are interchangeable for the search only if they are network twins with the
-same TFLOPS and memory.
+recomputation), chosen by coordinator/scheduler.py, which then runs the plan found the way chosen for it (the
+first that fits unless a later one is clearly faster). Devices are interchangeable for the search only if they are
+network twins with the same TFLOPS and memory.
 """
 from __future__ import annotations
 

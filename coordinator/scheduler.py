@@ -46,10 +46,10 @@ def find_plan(
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
     the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
-    placement (`balanced`) or evenly, and the stages run the fastest way that fits the devices' memory
+    placement (`balanced`) or evenly, and the stages run a way that fits the devices' memory
     (`execution_options`): the search runs under the way its seeds choose (`_best_seeded`), or, when no seed
     fits any way, under each way in turn until one fits (skipping those that need no less memory anywhere than one
-    that did not); then the plan found runs the way chosen for it (`_fastest_way`): the least change from the
+    that did not); then the plan found runs the way chosen for it (`_way_for_found`): the least change from the
     model's own that fits, unless another is clearly faster (`WAY_MARGIN`). The plan's `breakdown` is its paper cost,
     with each stage's own payload; `predict_step_s` with the result's execution prices it live.
 
@@ -80,7 +80,7 @@ def find_plan(
             if result.best.breakdown.short_gib == 0:
                 break
             too_big.append(live.need_gib)
-    live, best = _fastest_way(options, live, result.best)
+    live, best = _way_for_found(options, live, result.best)
     result = replace(result, best=best)
     execution = live.execution(result.best.breakdown)
     stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
@@ -93,8 +93,8 @@ WAY_MARGIN = 0.05
 """How much faster than the first way that fits (`execution_options`, least change first) a later way must be
 predicted to be chosen: near-ties keep the model's own way, since the live model prices no fixed cost per pass
 (which would favour fewer micro-batches a little) and another micro-batch count or schedule sums the gradients in
-another order. A clear gain is taken: at 1,024 devices 1F1B with 7 micro-batches is 12 % faster than the first way
-that fits (benchmarks/RESULTS.md, live-scale)."""
+another order. A clear gain is taken: at 1,024 devices the plan runs 1F1B with 7 micro-batches at 6.97 s/step
+(benchmarks/RESULTS.md, live-scale), where a 15 % margin kept a way that gave 7.83."""
 
 
 def _best_seeded(options: list[LiveCostModel], seeds: list[np.ndarray]) -> LiveCostModel | None:
@@ -104,7 +104,7 @@ def _best_seeded(options: list[LiveCostModel], seeds: list[np.ndarray]) -> LiveC
     return None if chosen is None else chosen[0]
 
 
-def _fastest_way(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
+def _way_for_found(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
                  ) -> tuple[LiveCostModel, Candidate]:
     """The partition `live`'s search found, run the way it is chosen for (each option re-cuts and re-orders it):
     the search ran under one way, and another may suit what it found better (fewer bubbles with more

@@ -45,7 +45,6 @@ def test_honest_peers_of_different_speeds_are_not_flagged_and_too_few_reports_ju
     assert check.judge(records) == (records, {})  # faster peers do their claims' worth: nobody is flagged
 
 
-
 def test_a_peer_computing_unlike_its_claim_beyond_the_band_is_priced_by_what_it_does_either_way():
     """Within `trust_band` of the swarm's efficiency a claim stands (a shared machine's noise moves nobody); a card
     2.4× slower than its figure (throttled, shared) or 2.9× faster (under-probed) is priced by what it does, at the

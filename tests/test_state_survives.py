@@ -48,7 +48,8 @@ _JOINED = re.compile(r"Others can join with: --initial-peers (\S+)")
 _STEP_LOSS = re.compile(r"step (\d+): loss ([0-9.]+)")
 
 
-MODEL = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4, micro_batches=TINY.batch_tokens // TINY.seq_len // D_DP)
+MODEL = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4,
+                micro_batches=TINY.batch_tokens // TINY.seq_len // D_DP)
 """The tiny model with fp32 activations on the wire, so that the swarm is exact, and one sequence per micro-batch,
 so that every way the coordinator may run it (execution_options) sums the gradients in the same order as the
 baseline: the equality below is about state surviving failures, not about the choice of schedule."""
