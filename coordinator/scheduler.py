@@ -137,36 +137,59 @@ class ShapedResult:
     predicted_step_s: float
     shapes: dict[tuple[int, int], float | None]
     """(D_DP, D_PP) tried → predicted step seconds; None where no placement fits."""
+    untried_stages: list[int]
+    """Stage counts the time budget left no time to try."""
 
 
-def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int, config: SearchConfig = SearchConfig(),
-                     shapes: int = 4) -> ShapedResult:
-    """With the stages fixed, also chooses how many pipelines to run, leaving the slowest devices as standbys: a
-    synchronous stage group runs at its slowest member, so on mixed GPUs fewer, faster pipelines can win. Tries up
-    to `shapes` pipeline counts, from as many as the devices fill down to a quarter of that, each on the fastest
-    devices (more memory first among equals), with an equal share of the time budget.
+def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int | None, d_dp: int | None = None,
+                     config: SearchConfig = SearchConfig(), shapes: int = 4) -> ShapedResult:
+    """Also chooses the shape, leaving the slowest devices as standbys: a synchronous stage group runs at its
+    slowest member, so on mixed GPUs fewer, faster pipelines can win, and fewer stages carry fewer activations
+    over slow links (each stage then holds more of the model). Tries every stage count up to the model's layers
+    (`d_pp` None, as the coordinator's planner does) or `d_pp`; with each, `d_dp` pipelines, or up to `shapes`
+    pipeline counts from as many as the devices fill down to a quarter of that; each shape on the fastest devices
+    (more memory first among equals), with an equal share of the time budget. Fewest stages first, and no further
+    stage count once the budget is spent: a deep pipeline's seeds alone take a second or more to order (tsp.py),
+    and on the heterogeneous scenarios the best shapes have few stages (benchmarks/RESULTS.md).
 
     Raises:
         NoFeasiblePlan: no shape has a placement whose stages fit.
     """
-    most = network.n_devices // d_pp
-    counts = sorted({max(1, round(most * k / shapes)) for k in range(shapes, 0, -1)}, reverse=True)
+    stage_counts = [d_pp] if d_pp is not None else range(1, min(hardware.model.n_layers, network.n_devices) + 1)
+    pipelines = {stages: _pipeline_counts(network.n_devices // stages, d_dp, shapes) for stages in stage_counts}
+    n_shapes = sum(map(len, pipelines.values()))
+    budget = replace(config, time_budget_s=config.time_budget_s / max(n_shapes, 1))
+    deadline = time.monotonic() + config.time_budget_s
     order = sorted(range(network.n_devices), key=lambda d: (-hardware.tflops[d], -hardware.memory_gib[d], d))
-    budget = replace(config, time_budget_s=config.time_budget_s / len(counts))
-    best, tried = None, {}
-    for d_dp in counts:
-        placed = sorted(order[:d_dp * d_pp])
-        sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
-        payloads = Payloads.from_model(hardware.model, d_dp=d_dp, d_pp=d_pp)
-        result = find_plan(network.subset(placed), payloads, d_dp=d_dp, d_pp=d_pp, config=budget, hardware=sub)
-        cost = result.search.best.breakdown
-        tried[(d_dp, d_pp)] = None if cost.short_gib > 0 else cost.total_s
-        if cost.short_gib == 0 and (best is None or cost.total_s < best.predicted_step_s):
-            best = ShapedResult(result=result, placed=placed, predicted_step_s=cost.total_s, shapes=tried)
+    best: tuple[float, ScheduleResult, list[int]] | None = None
+    tried: dict[tuple[int, int], float | None] = {}
+    untried = []
+    for stages, counts in pipelines.items():
+        if best is not None and time.monotonic() > deadline:
+            untried.append(stages)
+            continue
+        for count in counts:
+            placed = sorted(order[:count * stages])
+            sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
+            payloads = Payloads.from_model(hardware.model, d_dp=count, d_pp=stages)
+            result = find_plan(network.subset(placed), payloads, d_dp=count, d_pp=stages, config=budget,
+                               hardware=sub)
+            cost = result.search.best.breakdown
+            tried[(count, stages)] = None if cost.short_gib > 0 else cost.total_s
+            if cost.short_gib == 0 and (best is None or cost.total_s < best[0]):
+                best = (cost.total_s, result, placed)
     if best is None:
-        raise NoFeasiblePlan(f"no placement of {d_pp} stages fits the devices' memory with "
-                             f"{', '.join(map(str, counts))} pipelines")
-    return best
+        shapes_tried = ", ".join(f"{count}×{stages}" for count, stages in tried) or "none"
+        raise NoFeasiblePlan(f"no placement fits the devices' memory in any shape tried ({shapes_tried})")
+    step_s, result, placed = best
+    return ShapedResult(result=result, placed=placed, predicted_step_s=step_s, shapes=tried, untried_stages=untried)
+
+
+def _pipeline_counts(most: int, d_dp: int | None, shapes: int) -> list[int]:
+    """`d_dp` when it fits in `most`, else up to `shapes` counts from `most` down to a quarter of it."""
+    if d_dp is not None:
+        return [d_dp] if d_dp <= most else []
+    return sorted({max(1, round(most * k / shapes)) for k in range(shapes, 0, -1)}, reverse=True)
 
 
 def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:

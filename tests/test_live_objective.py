@@ -24,7 +24,7 @@ from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, Liv
 from hetswarm.coordinator.neighbourhood import CachedEvaluator
 from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import plan_from_partition
-from hetswarm.coordinator.scheduler import WAY_MARGIN, find_plan
+from hetswarm.coordinator.scheduler import WAY_MARGIN, find_plan, find_shaped_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
@@ -137,6 +137,27 @@ def test_with_cuts_chosen_per_placement_the_search_finds_the_brute_force_optimum
     optimum, execution = brute_force(paper, tflops, memory, balanced=True)
     result = live_plan(network, tflops, memory, d_dp=d_dp, d_pp=d_pp, balanced=True, seed=seed)
     assert_priced_as_found(result, tflops, memory, network, optimum, execution)
+
+
+@pytest.mark.parametrize("seed", [20, 21, 22])
+def test_the_shape_chosen_is_the_fastest_brute_force_optimum_of_the_shapes_it_tries(seed):
+    """Four devices, every stage count, up to four pipeline counts each on the fastest devices (the rest standbys):
+    each shape's price is its brute-force optimum, and the shape chosen is the fastest of them."""
+    network, tflops, memory = swarm(seed, 2, 2, small_share=0.3)
+    shaped = find_shaped_plan(network, Hardware(model=MODEL, tflops=tflops, memory_gib=memory), d_pp=None,
+                              config=SearchConfig(time_budget_s=60, seed=seed))
+    assert shaped.untried_stages == [] and {stages for _, stages in shaped.shapes} == {1, 2, 3, 4}
+    fastest = sorted(range(4), key=lambda d: (-tflops[d], -memory[d], d))
+    optima = {}
+    for count, stages in shaped.shapes:
+        placed = sorted(fastest[:count * stages])
+        paper = PaperCostModel(network.subset(placed), Payloads.from_model(MODEL, d_dp=count, d_pp=stages),
+                               d_dp=count, d_pp=stages)
+        optima[(count, stages)] = brute_force(paper, tflops[placed], memory[placed], balanced=True)[0]
+    assert shaped.shapes == pytest.approx({shape: None if step == np.inf else step for shape, step in optima.items()},
+                                          rel=1e-9)
+    assert shaped.predicted_step_s == pytest.approx(min(optima.values()), rel=1e-9)
+    assert len(shaped.placed) == shaped.result.plan.grid.size
 
 
 def assert_priced_as_found(result, tflops: np.ndarray, memory: np.ndarray, network: Network, optimum: float,

@@ -89,3 +89,21 @@ def test_dp_auto_runs_fewer_faster_pipelines_when_slow_devices_would_hold_every_
         everyone["predicted_step_s"], rel=0.05)
     refused = runner.invoke(app, ["schedule", "--scenario", "worldwide", "--dp", "auto", "--no-baselines"])
     assert isinstance(refused.exception, RejectedInput)
+
+
+def test_pp_auto_also_chooses_the_stages_and_fewer_carry_less_over_slow_regional_links():
+    """On mixed-regional every 8-stage pipeline waits on its hops inside a region (2 Gbit/s); fewer stages carry
+    fewer activations. The shape chosen is the fastest tried, and every stage count is tried or said untried."""
+    result = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--dp", "auto", "--pp", "auto", "--json",
+                                 "--no-baselines", "--time-budget", "2"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    chosen, eight_by_eight = report["chosen_shape"], report["objectives"]["live"]
+    fitting = {shape: step for shape, step in report["shapes"].items() if step is not None}
+    assert chosen["predicted_step_s"] == min(fitting.values())
+    assert f"{chosen['d_dp']}x{chosen['d_pp']}" in fitting and chosen["d_pp"] < 8
+    assert chosen["predicted_step_s"] < eight_by_eight["predicted_step_s"] / 1.5
+    stages_tried = {int(shape.split("x")[1]) for shape in report["shapes"]}
+    assert stages_tried | set(report["untried_stages"]) == set(range(1, 25)) and {1, 2} <= stages_tried
+    refused = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--pp", "auto", "--objective", "paper"])
+    assert isinstance(refused.exception, RejectedInput) and "--objective live" in str(refused.exception)

@@ -41,7 +41,8 @@ def schedule(
     dp: Annotated[str | None, typer.Option("--dp", help="D_DP: pipelines (devices per stage group); `auto` lets the "
                                                        "live objective run fewer, leaving the slowest devices as "
                                                        "standbys.")] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="D_PP: pipeline stages.")] = None,
+    pp: Annotated[str | None, typer.Option("--pp", help="D_PP: pipeline stages; `auto` lets the live objective "
+                                                       "choose, from one to the model's layers.")] = None,
     model: Annotated[str, typer.Option(help=f"Model for payloads: {', '.join(MODEL_PRESETS)} or a JSON file "
                                             "(a saved plan's model).")] = PAPER_MODEL,
     dp_bytes: Annotated[float | None, typer.Option(help="c_DP in bytes (with --pp-bytes, instead of --model).")] = None,
@@ -71,15 +72,17 @@ def schedule(
     """
     configure_logging(verbose)
     network = load_network(scenario)
-    choose_dp = dp == "auto"
-    d_dp, d_pp = _degrees(network.n_devices, None if choose_dp else _number("--dp", dp), pp)
+    choose_dp, choose_pp = dp == "auto", pp == "auto"
+    d_dp, d_pp = _degrees(network.n_devices, None if choose_dp else _number("--dp", dp),
+                          None if choose_pp else _number("--pp", pp))
     payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
     hardware = _hardware(scenario, model, known=dp_bytes is None)
     objective = objective or ("live" if hardware is not None else "paper")
     if objective not in ("live", "paper"):
         raise RejectedInput(f"--objective is live or paper, got {objective!r}")
-    if choose_dp and objective != "live":
-        raise RejectedInput("--dp auto chooses the pipelines by predicted step time: it needs --objective live")
+    if (choose_dp or choose_pp) and objective != "live":
+        raise RejectedInput("--dp auto and --pp auto choose the shape by predicted step time: they need --objective "
+                            "live")
     if objective == "live" and hardware is None:
         raise RejectedInput(f"--objective live needs each device's TFLOPS and memory: {scenario!r} has none (use a "
                             "heterogeneous scenario or a saved plan, or --objective paper)")
@@ -94,7 +97,8 @@ def schedule(
         if hardware is not None:  # the coordinator's search, on the same inputs
             searches["live"] = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp, config=config, progress=progress,
                                          hardware=hardware)
-        shaped = find_shaped_plan(network, hardware, d_pp=d_pp, config=config) if choose_dp else None
+        shaped = find_shaped_plan(network, hardware, d_pp=None if choose_pp else d_pp,
+                                  d_dp=None if choose_dp else d_dp, config=config) if choose_dp or choose_pp else None
         runs = searches["live"].execution if hardware is not None else None
         comparison = _baselines(network, payloads, d_dp=d_dp, d_pp=d_pp, seed=seed, ga_candidates=ga_candidates,
                                 random_samples=random_samples, hardware=hardware, runs=runs) if baselines else {}
@@ -154,7 +158,8 @@ def _even(runs: Execution, model: ModelConfig) -> Execution:
 
 
 def _shaped_report(shaped: ShapedResult, hardware: Hardware, network: Network) -> dict[str, Any]:
-    """The plan with the pipeline count chosen (`--dp auto`), in the scenario's device ids, and the shapes tried."""
+    """The plan with the shape chosen (`--dp auto`, `--pp auto`), in the scenario's device ids, and the shapes
+    tried."""
     placed = np.asarray(shaped.placed)
     sub = network.subset(shaped.placed)
     hardware = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
@@ -164,7 +169,8 @@ def _shaped_report(shaped: ShapedResult, hardware: Hardware, network: Network) -
     return {"chosen_shape": {"d_dp": d_dp, "d_pp": d_pp, "stages": placed[plan.grid].tolist(),
                              "standbys": sorted(set(range(network.n_devices)) - set(shaped.placed)),
                              "cost": plan.cost_s} | priced,
-            "shapes": {f"{dp}x{pp}": step for (dp, pp), step in shaped.shapes.items()}}
+            "shapes": {f"{dp}x{pp}": step for (dp, pp), step in shaped.shapes.items()},
+            "untried_stages": shaped.untried_stages}
 
 
 def _number(option: str, value: str | None) -> int | None:
@@ -246,10 +252,11 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
     if "chosen_shape" in report:
         chosen = report["chosen_shape"]
         fits = "does not fit" if chosen.get("infeasible") else f"predicted step {chosen['predicted_step_s']:.3f} s"
-        tried = ", ".join(f"{shape} {'does not fit' if step is None else f'{step:.3f} s'}"
-                          for shape, step in report["shapes"].items())
-        console.print(f"--dp auto: {chosen['d_dp']} pipelines × {chosen['d_pp']} stages, {fits}; "
-                      f"{len(chosen['standbys'])} standbys (tried {tried})")
+        untried = report["untried_stages"]
+        left = f"; no time left for {len(untried)} stage counts from {untried[0]}" if untried else ""
+        console.print(f"shape chosen: {chosen['d_dp']} pipelines × {chosen['d_pp']} stages, {fits}; "
+                      f"{len(chosen['standbys'])} standbys (best of each stage count tried: "
+                      f"{_best_per_stage_count(report['shapes'])}{left})")
     live = "objectives" in report
     table = Table(title="Comparison: DT-FM cost" + (" and predicted step (live model), seconds" if live else
                                                      ", seconds"))
@@ -261,7 +268,7 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
     rows = rows or [("hetswarm search", {"cost": plan.cost_s})]
     if "chosen_shape" in report:
         chosen = report["chosen_shape"]
-        rows.append((f"hetswarm search (live objective, --dp auto: {chosen['d_dp']} × {chosen['d_pp']})", chosen))
+        rows.append((f"hetswarm search (live objective, shape chosen: {chosen['d_dp']} × {chosen['d_pp']})", chosen))
     rows += list(report["baselines"].items())
     for name, priced in rows:
         step = "does not fit" if priced.get("infeasible") else f"{priced.get('predicted_step_s') or 0:.3f}"
@@ -269,6 +276,17 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
     if network.published_best_cost_s is not None:
         table.add_row("paper's published best", f"{network.published_best_cost_s:.3f}", *([""] if live else []))
     console.print(table)
+
+
+def _best_per_stage_count(shapes: dict[str, float | None]) -> str:
+    """`{"24x2": 3.9, "16x2": 5.6, ...}` → "24x2 3.888 s, ...": one shape per stage count, the fastest that fits."""
+    best: dict[str, tuple[str, float | None]] = {}
+    for shape, step in shapes.items():
+        stages = shape.split("x")[1]
+        held = best.get(stages)
+        if held is None or (step is not None and (held[1] is None or step < held[1])):
+            best[stages] = (shape, step)
+    return ", ".join(f"{shape} {'does not fit' if step is None else f'{step:.3f} s'}" for shape, step in best.values())
 
 
 def _plot(network: Network, plan: Plan, path: Path) -> None:
