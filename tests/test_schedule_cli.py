@@ -100,8 +100,8 @@ def test_pp_auto_also_chooses_the_stages_and_fewer_carry_less_over_slow_regional
     report = json.loads(result.stdout)
     chosen, eight_by_eight = report["chosen_shape"], report["objectives"]["live"]
     fitting = {shape: step for shape, step in report["shapes"].items() if step is not None}
-    assert chosen["predicted_step_s"] == min(fitting.values())
-    assert f"{chosen['d_dp']}x{chosen['d_pp']}" in fitting and chosen["d_pp"] < 8
+    assert min(fitting, key=fitting.get) == f"{chosen['d_dp']}x{chosen['d_pp']}" and chosen["d_pp"] < 8
+    assert chosen["predicted_step_s"] <= min(fitting.values()) * (1 + 1e-9)  # deployed, each device at its speed
     assert chosen["predicted_step_s"] < eight_by_eight["predicted_step_s"] / 1.5
     stages_tried = {int(shape.split("x")[1]) for shape in report["shapes"]}
     assert stages_tried | set(report["untried_stages"]) == set(range(1, 25)) and {1, 2} <= stages_tried
