@@ -33,45 +33,48 @@ MODEL = get_model_config("paper-gpt3-xl")
 def schedule(scenario: str, *, budget_s: float, ga_candidates: int, seed: int) -> dict:
     """`hetswarm schedule --dp auto --pp auto --json` on one scenario, as a user runs it."""
     command = [sys.executable, "-m", "hetswarm.client.cli", "schedule", "--scenario", scenario, "--dp", "auto",
-               "--pp", "auto",
-               "--json", "--time-budget", str(budget_s), "--ga-candidates", str(ga_candidates), "--seed", str(seed)]
+               "--pp", "auto", "--json", "--time-budget", str(budget_s), "--ga-candidates", str(ga_candidates),
+               "--seed", str(seed)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
     return json.loads(done.stdout)
 
 
-def paper_run_its_own_way(scenario: str, *, budget_s: float, seed: int) -> str:
-    """The paper objective's plan with the even cut, run the first way it fits by itself (`fitting`): it may take
-    more micro-batches than the live plan, which the live model rewards with a smaller bubble."""
+def paper_step(scenario: str, *, d_dp: int, d_pp: int, placed: list[int] | None = None, runs: dict | None = None,
+               budget_s: float, seed: int) -> tuple[float | None, Execution]:
+    """The paper objective's plan of d_dp × d_pp on the `placed` devices (all of them by default) with the even
+    cut, run the live plan's way (`runs`, its `execution`) or else the first way it fits by itself (`fitting`: it
+    may take more micro-batches than the live plan, which the live model rewards with a smaller bubble); its
+    predicted step seconds (None where it does not fit) and how it ran."""
     network, (tflops, memory) = load_network(scenario), load_hardware(scenario)
-    payloads = Payloads.from_model(MODEL, d_dp=8, d_pp=8)
-    plan = find_plan(network, payloads, d_dp=8, d_pp=8, config=SearchConfig(time_budget_s=budget_s, seed=seed)).plan
-    execution = fitting(MODEL, memory[plan.grid])
+    placed = placed if placed is not None else list(range(network.n_devices))
+    network, tflops, memory = network.subset(placed), tflops[placed], memory[placed]
+    payloads = Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp)
+    plan = find_plan(network, payloads, d_dp=d_dp, d_pp=d_pp,
+                     config=SearchConfig(time_budget_s=budget_s, seed=seed)).plan
+    execution = fitting(MODEL, memory[plan.grid]) if runs is None else Execution.even(
+        MODEL, d_pp, micro_batches=runs["micro_batches"], recompute=runs["recompute"], schedule=runs["schedule"])
     try:
-        step_s = predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
-                                execution=execution).total_s
+        return predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=network.latency_ms,
+                              execution=execution).total_s, execution
     except NoFeasiblePlan:
+        return None, execution
+
+
+def paper_run_its_own_way(scenario: str, *, budget_s: float, seed: int) -> str:
+    """The paper objective's 8 × 8 plan run the first way it fits by itself."""
+    step_s, execution = paper_step(scenario, d_dp=8, d_pp=8, budget_s=budget_s, seed=seed)
+    if step_s is None:
         return "does not fit"
     return f"{step_s:.2f} ({execution.micro_batches} µb{', recompute' if execution.recompute else ''})"
 
 
 def paper_at_chosen_shape(scenario: str, chosen: dict, *, budget_s: float, seed: int) -> str:
-    """The paper objective's plan on the devices and shape the live objective chose, with the even cut, run the
-    live plan's way: how much of the gain the shape alone gives."""
-    network, (tflops, memory) = load_network(scenario), load_hardware(scenario)
+    """The paper objective's plan on the devices and shape the live objective chose, run the live plan's way: how
+    much of the gain the shape alone gives."""
     placed = sorted({device for stage in chosen["stages"] for device in stage})
-    d_dp, d_pp = chosen["d_dp"], chosen["d_pp"]
-    sub = network.subset(placed)
-    payloads = Payloads.from_model(MODEL, d_dp=d_dp, d_pp=d_pp)
-    plan = find_plan(sub, payloads, d_dp=d_dp, d_pp=d_pp, config=SearchConfig(time_budget_s=budget_s, seed=seed)).plan
-    runs = chosen["execution"]
-    execution = Execution.even(MODEL, d_pp, micro_batches=runs["micro_batches"], recompute=runs["recompute"],
-                               schedule=runs["schedule"])
-    try:
-        step_s = predict_step_s(plan, MODEL, tflops=tflops[placed], memory_gib=memory[placed],
-                                latency_ms=sub.latency_ms, execution=execution).total_s
-    except NoFeasiblePlan:
-        return "does not fit"
-    return f"{step_s:.2f}"
+    step_s, _ = paper_step(scenario, d_dp=chosen["d_dp"], d_pp=chosen["d_pp"], placed=placed,
+                           runs=chosen["execution"], budget_s=budget_s, seed=seed)
+    return "does not fit" if step_s is None else f"{step_s:.2f}"
 
 
 def _step(priced: dict) -> str:

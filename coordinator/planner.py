@@ -40,7 +40,7 @@ from hetswarm.coordinator.live_cost import (
 )
 from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
 from hetswarm.coordinator.plan import Plan, cost_plan
-from hetswarm.coordinator.scheduler import find_plan
+from hetswarm.coordinator.scheduler import candidate_shapes, find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
@@ -259,12 +259,7 @@ def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:
 
 def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
     """(d_dp, d_pp) candidates that use as many of `n_peers` as each number of stages allows."""
-    if config.d_dp is not None and config.d_pp is not None:
-        return [(config.d_dp, config.d_pp)] if config.d_dp * config.d_pp <= n_peers else []
-    if config.d_pp is not None:
-        return [(n_peers // config.d_pp, config.d_pp)] if n_peers >= config.d_pp else []
-    stages = range(1, min(config.model.n_layers, n_peers // (config.d_dp or 1)) + 1)
-    return list(dict.fromkeys((config.d_dp or n_peers // d_pp, d_pp) for d_pp in stages))
+    return candidate_shapes(n_peers, config.model.n_layers, d_dp=config.d_dp, d_pp=config.d_pp)
 
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,

@@ -6,9 +6,11 @@ within its budget, and deploys the best partition along its bottleneck matchings
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["ScheduleResult", "ShapedResult", "find_plan", "find_shaped_plan", "seed_partitions"]
+__all__ = ["ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan", "find_shaped_plan", "seed_partitions"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,7 +107,7 @@ def _best_seeded(options: list[LiveCostModel], seeds: list[np.ndarray]) -> LiveC
 
 
 def _way_for_found(options: list[LiveCostModel], live: LiveCostModel, found: Candidate
-                 ) -> tuple[LiveCostModel, Candidate]:
+                   ) -> tuple[LiveCostModel, Candidate]:
     """The partition `live`'s search found, run the way it is chosen for (each option re-cuts and re-orders it):
     the search ran under one way, and another may suit what it found better (fewer bubbles with more
     micro-batches, which cost a latency per hop each: live_cost's Φ)."""
@@ -155,20 +157,19 @@ def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int | None, 
     Raises:
         NoFeasiblePlan: no shape has a placement whose stages fit.
     """
-    stage_counts = [d_pp] if d_pp is not None else range(1, min(hardware.model.n_layers, network.n_devices) + 1)
-    pipelines = {stages: _pipeline_counts(network.n_devices // stages, d_dp, shapes) for stages in stage_counts}
-    n_shapes = sum(map(len, pipelines.values()))
-    budget = replace(config, time_budget_s=config.time_budget_s / max(n_shapes, 1))
+    candidates = candidate_shapes(network.n_devices, hardware.model.n_layers, d_dp=d_dp, d_pp=d_pp,
+                                  pipeline_counts=shapes)
+    budget = replace(config, time_budget_s=config.time_budget_s / max(len(candidates), 1))
     deadline = time.monotonic() + config.time_budget_s
     order = sorted(range(network.n_devices), key=lambda d: (-hardware.tflops[d], -hardware.memory_gib[d], d))
     best: tuple[float, ScheduleResult, list[int]] | None = None
     tried: dict[tuple[int, int], float | None] = {}
     untried = []
-    for stages, counts in pipelines.items():
+    for stages, shapes_of_stages in itertools.groupby(candidates, key=itemgetter(1)):
         if best is not None and time.monotonic() > deadline:
             untried.append(stages)
             continue
-        for count in counts:
+        for count, _ in shapes_of_stages:
             placed = sorted(order[:count * stages])
             sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
             payloads = Payloads.from_model(hardware.model, d_dp=count, d_pp=stages)
@@ -185,11 +186,19 @@ def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int | None, 
     return ShapedResult(result=result, placed=placed, predicted_step_s=step_s, shapes=tried, untried_stages=untried)
 
 
-def _pipeline_counts(most: int, d_dp: int | None, shapes: int) -> list[int]:
-    """`d_dp` when it fits in `most`, else up to `shapes` counts from `most` down to a quarter of it."""
-    if d_dp is not None:
-        return [d_dp] if d_dp <= most else []
-    return sorted({max(1, round(most * k / shapes)) for k in range(shapes, 0, -1)}, reverse=True)
+def candidate_shapes(n_devices: int, n_layers: int, *, d_dp: int | None, d_pp: int | None,
+                     pipeline_counts: int = 1) -> list[tuple[int, int]]:
+    """(D_DP, D_PP) to try on `n_devices`, fewest stages first: `d_pp` stages, or every count up to the model's
+    layers; with each, `d_dp` pipelines where they fit, or up to `pipeline_counts` counts from as many as the
+    devices fill down to 1/`pipeline_counts` of that (1: the devices filled, as the coordinator plans)."""
+    stage_counts = [d_pp] if d_pp is not None else range(1, min(n_layers, n_devices) + 1)
+    shapes = []
+    for stages in stage_counts:
+        most = n_devices // stages
+        counts = [d_dp] if d_dp is not None else sorted(
+            {max(1, round(most * k / pipeline_counts)) for k in range(pipeline_counts, 0, -1)}, reverse=True)
+        shapes += [(count, stages) for count in counts if count <= most]
+    return shapes
 
 
 def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:
