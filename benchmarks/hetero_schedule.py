@@ -1,8 +1,8 @@
 """Does planning on the live model pay on mixed GPUs? `hetswarm schedule` on the four heterogeneous scenarios.
 
 For each scenario (paper-gpt3-xl): the paper objective's plan at the paper's 8 × 8, the live objective's plan on all
-64 devices at 8 × 8, and the live objective with `--dp auto --pp auto` (the shape chosen too: fewer pipelines, with
-the slowest devices as standbys, and fewer or more stages), beside the paper objective on the shape and devices the
+64 devices at 8 × 8, and the live objective with `--dp auto --pp auto` (the shape chosen too: fewer or more stages, and
+fewer pipelines where much slower devices stand by), beside the paper objective on the shape and devices the
 live objective chose, greedy (fastest devices first), random and default placement, all priced by the live model and
 run the way the live plan runs (its micro-batches and recomputation; the plans that know no cut get the even one).
 Writes the "hetero-scheduler" section of benchmarks/RESULTS.md.

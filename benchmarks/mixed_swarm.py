@@ -3,9 +3,10 @@
 One swarm of `hetswarm` processes on this machine (a coordinator and 8 clients, two per world-wide region, links
 emulated from the DT-FM world-wide scenario with scaled bandwidth) in which every other client computes as a device
 4× slower (`hetswarm join --emulate-tflops`), trains the tiny model under four plans in turn: the live objective's
-(`--plan scheduled`: groups of one speed, the slow stage cut to fewer layers), the paper objective's (`--plan paper`:
-DT-FM's communication cost, the even cut), a random one and the default (device order). Each run is a fresh swarm of the same identities, sites
-and speeds. Measured: the median over peers of the step period after the warm-up (hetswarm.client.local.demo).
+(`--plan scheduled --dp auto --pp auto`: the coordinator chooses the shape and which clients stand by), the paper
+objective's (`--plan paper`: DT-FM's communication cost, the even cut), a random one and the default (device
+order), the last three at 4 pipelines × 2 stages of all 8 clients, as DT-FM runs. Each run is a fresh swarm of the
+same identities, sites and speeds. Measured: the median over peers of the step period after the warm-up (hetswarm.client.local.demo).
 Predicted: the coordinator's live model, as published in the assignment. Writes the "mixed-swarm" section of
 benchmarks/RESULTS.md.
 
@@ -55,7 +56,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     speeds = (args.fast_tflops, args.fast_tflops / args.slowdown)
-    config = DemoConfig(clients=8, dp=4, placements=PLACEMENTS, steps=(args.steps,) * len(PLACEMENTS),
+    config = DemoConfig(clients=8, dp=4, placements=PLACEMENTS, shape_chosen=("scheduled",),
+                        steps=(args.steps,) * len(PLACEMENTS),
                         bandwidth_scale=args.bandwidth_scale, seed=args.seed, emulate_tflops=speeds)
     workdirs = {}
     started = time.monotonic()
@@ -70,7 +72,8 @@ def main() -> None:
     for phase in phases:
         plan = json.loads((workdirs["root"] / f"run-{phase.placement}" / "plan.json").read_text())
         runs = plan["execution"]
-        cut = "/".join(str(b - a) for a, b in runs["stage_layers"])
+        cut = f"{plan['d_dp']}×{plan['d_pp']}, " + "/".join(str(b - a) for a, b in runs["stage_layers"])
+        cut += f", {len(plan['standbys'])} standing by" if plan["standbys"] else ""
         cut += f", {runs['micro_batches']} µb {'1F1B' if runs['schedule'] == '1f1b' else 'GPipe'}"
         cut += ", recomputing" if runs["recompute"] else ""
         rows.append(f"| {phase.placement} | {phase.measured_step_s:.2f} | {phase.predicted_step_s:.2f} | "
@@ -85,8 +88,10 @@ Command: `{command_line()}` on the project's 2-core machine, {wall_s / 60:.1f} m
 8 clients (two per region: Oregon, Tokyo, Frankfurt, Seoul) as separate processes on 127.0.0.1, links emulated from
 the DT-FM world-wide scenario with every bandwidth × {args.bandwidth_scale}; clients alternate between
 {speeds[0]:g} and {speeds[1]:g} emulated TFLOPS (`--emulate-tflops`: each computation padded to as long as on such a
-device). Tiny model (4 layers), 4 pipelines × 2 stages. {config.warmup_steps} warm-up
-steps, then {args.steps} measured, each plan on a fresh swarm of the same identities, sites and speeds.
+device). Tiny model (4 layers). The live plan's shape (pipelines × stages) and standbys are the coordinator's
+choice (`--dp auto --pp auto`); the paper, random and default plans place all 8 clients as {config.dp} × {config.pp},
+the fixed shape DT-FM plans for. {config.warmup_steps} warm-up steps, then {args.steps} measured, each plan on a fresh
+swarm of the same identities, sites and speeds.
 
 | plan | measured (s/step) | predicted (s/step) | measured vs predicted | predicted compute (s) | predicted DataP (s) | predicted pipeline transfers (s) | how it runs | slower than live |
 |---|---|---|---|---|---|---|---|---|

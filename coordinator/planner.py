@@ -3,7 +3,9 @@
 A proposal places D_DP × D_PP of the trainable peers (the rest stay standbys) with the scheduler, or with a
 baseline placement when the operator asks for one to compare, and prices the result with the live cost model.
 Degrees left to `auto` are chosen among the shapes the peers' memory allows (D_PP up to the model's layer count,
-D_DP as many pipelines as the peers fill), by the live model's predicted step time. So is the wire under the `auto`
+fewest stages first until the time budget is spent; D_DP as many pipelines as the peers fill, or as the peers of
+each faster tier fill, the much slower ones standing by: scheduler.speed_tiers), by the live model's predicted step
+time. So is the wire under the `auto`
 compression policy (protocol/wire_format.py): the search places peers for the lightest wire, and the plan takes the
 least lossy wire predicted within AUTO_TOLERANCE of the fastest on that placement.
 
@@ -40,7 +42,7 @@ from hetswarm.coordinator.live_cost import (
 )
 from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
 from hetswarm.coordinator.plan import Plan, cost_plan
-from hetswarm.coordinator.scheduler import candidate_shapes, find_plan
+from hetswarm.coordinator.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
@@ -163,10 +165,10 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     Raises:
         NoFeasiblePlan: no shape fits the peers' number and memory.
     """
-    shapes = _shapes(view.n_peers, config)
+    shapes = candidate_shapes(speed_tiers(view.tflops), config.model.n_layers, d_dp=config.d_dp, d_pp=config.d_pp)
     budget = config.search.time_budget_s / max(len(shapes), 1)
-    best, refusals = None, []
-    for d_dp, d_pp in shapes:
+    best, refusals, untried = None, [], []
+    for d_dp, d_pp in shapes_in_time(shapes, config.search.time_budget_s, lambda: best is not None, untried):
         need_gib = _least_memory_gib(config.model, d_dp=d_dp, d_pp=d_pp)
         fits = [p for p, memory in zip(view.peer_ids, view.memory_gib) if memory >= need_gib]
         if len(fits) < d_dp * d_pp:
@@ -187,6 +189,8 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
         logger.debug(f"shape {d_dp}×{d_pp}: predicted {proposal.live.total_s:.3f} s with {proposal.wire.describe()}")
         if best is None or proposal.live.total_s < best.live.total_s:
             best = replace(proposal, standbys=tuple(p for p in view.peer_ids if p not in chosen))
+    if untried:
+        logger.info(f"The time budget left no time for {len(untried)} stage counts from {untried[0]}")
     if not shapes:
         refusals.append(f"D_DP={config.d_dp or 'auto'} × D_PP={config.d_pp or 'auto'} needs more peers")
     if best is None:
@@ -255,11 +259,6 @@ def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:
     costs = StageCosts(model, d_pp=d_pp, d_dp=d_dp, **execution_options(model, d_dp)[-1]._asdict())
     return float(costs.memory_bytes[:, 1].min()) / BYTES_PER_GIB if d_pp > 1 else \
         float(costs.memory_bytes[0, model.n_layers]) / BYTES_PER_GIB
-
-
-def _shapes(n_peers: int, config: PlannerConfig) -> list[tuple[int, int]]:
-    """(d_dp, d_pp) candidates that use as many of `n_peers` as each number of stages allows."""
-    return candidate_shapes(n_peers, config.model.n_layers, d_dp=config.d_dp, d_pp=config.d_pp)
 
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,

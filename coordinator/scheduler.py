@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from operator import itemgetter
 
@@ -24,7 +24,11 @@ from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan", "find_shaped_plan", "seed_partitions"]
+__all__ = ["SPEED_GAP", "ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan", "find_shaped_plan",
+           "seed_partitions", "shapes_in_time", "speed_tiers"]
+
+SPEED_GAP = 2.0
+"""Devices this many times slower than the rest may be left standing by (`speed_tiers`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,41 +148,33 @@ class ShapedResult:
 
 
 def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int | None, d_dp: int | None = None,
-                     config: SearchConfig = SearchConfig(), shapes: int = 4) -> ShapedResult:
-    """Also chooses the shape, leaving the slowest devices as standbys: a synchronous stage group runs at its
+                     config: SearchConfig = SearchConfig()) -> ShapedResult:
+    """Also chooses the shape, leaving much slower devices as standbys: a synchronous stage group runs at its
     slowest member, so on mixed GPUs fewer, faster pipelines can win, and fewer stages carry fewer activations
     over slow links (each stage then holds more of the model). Tries every stage count up to the model's layers
-    (`d_pp` None, as the coordinator's planner does) or `d_pp`; with each, `d_dp` pipelines, or up to `shapes`
-    pipeline counts from as many as the devices fill down to a quarter of that; each shape on the fastest devices
-    (more memory first among equals), with an equal share of the time budget. Fewest stages first, and no further
-    stage count once the budget is spent: a deep pipeline's seeds alone take a second or more to order (tsp.py),
-    and on the heterogeneous scenarios the best shapes have few stages (benchmarks/RESULTS.md).
+    (`d_pp` None) or `d_pp`; with each, `d_dp` pipelines, or as many as all the devices fill and as many as each
+    faster tier of them fills (`speed_tiers`), as the coordinator's planner does; each shape on the fastest devices
+    (more memory first among equals), with an equal share of the time budget, fewest stages first
+    (`shapes_in_time`).
 
     Raises:
         NoFeasiblePlan: no shape has a placement whose stages fit.
     """
-    candidates = candidate_shapes(network.n_devices, hardware.model.n_layers, d_dp=d_dp, d_pp=d_pp,
-                                  pipeline_counts=shapes)
+    candidates = candidate_shapes(speed_tiers(hardware.tflops), hardware.model.n_layers, d_dp=d_dp, d_pp=d_pp)
     budget = replace(config, time_budget_s=config.time_budget_s / max(len(candidates), 1))
-    deadline = time.monotonic() + config.time_budget_s
     order = sorted(range(network.n_devices), key=lambda d: (-hardware.tflops[d], -hardware.memory_gib[d], d))
     best: tuple[float, ScheduleResult, list[int]] | None = None
     tried: dict[tuple[int, int], float | None] = {}
-    untried = []
-    for stages, shapes_of_stages in itertools.groupby(candidates, key=itemgetter(1)):
-        if best is not None and time.monotonic() > deadline:
-            untried.append(stages)
-            continue
-        for count, _ in shapes_of_stages:
-            placed = sorted(order[:count * stages])
-            sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
-            payloads = Payloads.from_model(hardware.model, d_dp=count, d_pp=stages)
-            result = find_plan(network.subset(placed), payloads, d_dp=count, d_pp=stages, config=budget,
-                               hardware=sub)
-            cost = result.search.best.breakdown
-            tried[(count, stages)] = None if cost.short_gib > 0 else cost.total_s
-            if cost.short_gib == 0 and (best is None or cost.total_s < best[0]):
-                best = (cost.total_s, result, placed)
+    untried: list[int] = []
+    for count, stages in shapes_in_time(candidates, config.time_budget_s, lambda: best is not None, untried):
+        placed = sorted(order[:count * stages])
+        sub = replace(hardware, tflops=hardware.tflops[placed], memory_gib=hardware.memory_gib[placed])
+        payloads = Payloads.from_model(hardware.model, d_dp=count, d_pp=stages)
+        result = find_plan(network.subset(placed), payloads, d_dp=count, d_pp=stages, config=budget, hardware=sub)
+        cost = result.search.best.breakdown
+        tried[(count, stages)] = None if cost.short_gib > 0 else cost.total_s
+        if cost.short_gib == 0 and (best is None or cost.total_s < best[0]):
+            best = (cost.total_s, result, placed)
     if best is None:
         shapes_tried = ", ".join(f"{count}×{stages}" for count, stages in tried) or "none"
         raise NoFeasiblePlan(f"no placement fits the devices' memory in any shape tried ({shapes_tried})")
@@ -186,19 +182,41 @@ def find_shaped_plan(network: Network, hardware: Hardware, *, d_pp: int | None, 
     return ShapedResult(result=result, placed=placed, predicted_step_s=step_s, shapes=tried, untried_stages=untried)
 
 
-def candidate_shapes(n_devices: int, n_layers: int, *, d_dp: int | None, d_pp: int | None,
-                     pipeline_counts: int = 1) -> list[tuple[int, int]]:
-    """(D_DP, D_PP) to try on `n_devices`, fewest stages first: `d_pp` stages, or every count up to the model's
-    layers; with each, `d_dp` pipelines where they fit, or up to `pipeline_counts` counts from as many as the
-    devices fill down to 1/`pipeline_counts` of that (1: the devices filled, as the coordinator plans)."""
-    stage_counts = [d_pp] if d_pp is not None else range(1, min(n_layers, n_devices) + 1)
+def speed_tiers(tflops: np.ndarray) -> list[int]:
+    """How many devices to plan with: all of them, then as many as are at least SPEED_GAP× faster than every device
+    left out, most first. Devices stand by for being much slower, never to shrink a swarm of like devices: there
+    compute is small beside the all-reduce, and the live model, which prices no fixed cost per pass, would favour
+    fewer pipelines than real hardware rewards."""
+    ordered = np.sort(np.asarray(tflops, dtype=float))[::-1]
+    gaps = [k for k in range(len(ordered) - 1, 0, -1) if ordered[k - 1] >= SPEED_GAP * ordered[k]]
+    return [len(ordered), *gaps]
+
+
+def candidate_shapes(device_counts: list[int], n_layers: int, *, d_dp: int | None, d_pp: int | None
+                     ) -> list[tuple[int, int]]:
+    """(D_DP, D_PP) to try, fewest stages first: `d_pp` stages, or every count up to the model's layers; with each,
+    `d_dp` pipelines where they fit, or as many as each of `device_counts` (most first) fills."""
+    stage_counts = [d_pp] if d_pp is not None else range(1, min(n_layers, max(device_counts)) + 1)
     shapes = []
     for stages in stage_counts:
-        most = n_devices // stages
-        counts = [d_dp] if d_dp is not None else sorted(
-            {max(1, round(most * k / pipeline_counts)) for k in range(pipeline_counts, 0, -1)}, reverse=True)
-        shapes += [(count, stages) for count in counts if count <= most]
+        for devices in device_counts:
+            count = d_dp if d_dp is not None else devices // stages
+            if 1 <= count * stages <= devices and (count, stages) not in shapes:
+                shapes.append((count, stages))
     return shapes
+
+
+def shapes_in_time(shapes: list[tuple[int, int]], budget_s: float, found: Callable[[], bool],
+                   untried: list[int]) -> Iterator[tuple[int, int]]:
+    """`shapes` (fewest stages first) until `budget_s` is spent and `found()` says a plan fits; the stage counts
+    left are appended to `untried`. A deep pipeline's seeds alone take a second or more to order (tsp.py), and on
+    the heterogeneous scenarios the best shapes have few stages (benchmarks/RESULTS.md)."""
+    deadline = time.monotonic() + budget_s
+    for stages, shapes_of_stages in itertools.groupby(shapes, key=itemgetter(1)):
+        if found() and time.monotonic() > deadline:
+            untried.append(stages)
+            continue
+        yield from shapes_of_stages
 
 
 def seed_partitions(model: PaperCostModel) -> list[np.ndarray]:

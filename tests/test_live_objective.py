@@ -141,8 +141,9 @@ def test_with_cuts_chosen_per_placement_the_search_finds_the_brute_force_optimum
 
 @pytest.mark.parametrize("seed", [20, 21, 22])
 def test_the_shape_chosen_is_the_fastest_brute_force_optimum_of_the_shapes_it_tries(seed):
-    """Four devices, every stage count, up to four pipeline counts each on the fastest devices (the rest standbys):
-    each shape's price is its brute-force optimum, and the shape chosen is the fastest of them."""
+    """Four devices, every stage count, as many pipelines as all of them and each faster tier fill, on the fastest
+    devices (the rest standbys): each shape's price is its brute-force optimum, and the shape chosen is the fastest
+    of them."""
     network, tflops, memory = swarm(seed, 2, 2, small_share=0.3)
     shaped = find_shaped_plan(network, Hardware(model=MODEL, tflops=tflops, memory_gib=memory), d_pp=None,
                               config=SearchConfig(time_budget_s=60, seed=seed))

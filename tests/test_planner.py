@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, stage_memory_bytes
 from hetswarm.coordinator.live_objective import execution_options
 from hetswarm.coordinator.planner import PLACEMENTS, PlannerConfig, Replanner, propose
+from hetswarm.coordinator.scheduler import candidate_shapes, shapes_in_time, speed_tiers
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
@@ -144,3 +146,46 @@ def test_auto_compression_compresses_only_where_the_bytes_cost_time(model, tflop
     assert by_policy["none"].wire == WireFormat.uniform("fp32") and by_policy["8bit"].wire == WireFormat.uniform("8bit")
     assert by_policy["8bit"].live.total_s < by_policy["model"].live.total_s < by_policy["none"].live.total_s
     assert auto.live.total_s <= min(p.live.total_s for p in by_policy.values()) * 1.05 + 1e-9
+
+
+@pytest.mark.parametrize("tflops, tiers", [([1, 1, 1, 1], [4]), ([4, 1, 4, 1], [4, 2]), ([3, 2, 1.5, 1], [4]),
+                                           ([8, 1, 3, 8, 1], [5, 3, 2])])
+def test_speed_tiers_cut_only_where_the_peers_left_out_are_much_slower(tflops, tiers):
+    assert speed_tiers(np.array(tflops, dtype=float)) == tiers
+
+
+def test_candidate_shapes_fill_every_tier_fewest_stages_first():
+    assert candidate_shapes([8, 4], 4, d_dp=None, d_pp=None) == [(8, 1), (4, 1), (4, 2), (2, 2), (2, 3), (1, 3),
+                                                                 (2, 4), (1, 4)]
+    assert candidate_shapes([8, 4], 4, d_dp=2, d_pp=None) == [(2, 1), (2, 2), (2, 3), (2, 4)]
+    assert candidate_shapes([8, 4], 4, d_dp=None, d_pp=3) == [(2, 3), (1, 3)]
+    assert candidate_shapes([3], 4, d_dp=2, d_pp=2) == []
+
+
+def test_no_new_stage_count_is_tried_once_the_budget_is_spent_and_a_plan_fits():
+    shapes = [(8, 1), (4, 1), (4, 2), (2, 3)]
+    untried: list[int] = []
+    assert list(shapes_in_time(shapes, -1.0, lambda: False, untried)) == shapes and untried == []
+    tried: list[tuple[int, int]] = []
+    for shape in shapes_in_time(shapes, -1.0, lambda: bool(tried), untried):
+        tried.append(shape)
+    assert tried == [(8, 1), (4, 1)] and untried == [2, 3]  # the first stage count whole, then no more
+
+
+def test_auto_degrees_leave_much_slower_peers_standing_by_when_that_is_faster_but_never_like_peers():
+    """Half the peers 4× slower (as in benchmarks/mixed_swarm.py): placing the fast half alone beats every shape
+    on all eight, and the slow half stands by. On like peers whose compute is negligible the model would also favour
+    fewer of them (fewer pipelines, less all-reduce; it prices no fixed cost per pass), and all are placed."""
+    slow = set(IDS[1:8:2])
+    records = {p: r.copy(update={"hardware": r.hardware.copy(update={"tflops": 1e-4 if p in slow else 4e-4})})
+               for p, r in worldwide_records(8).items()}
+    view = build_view(records)
+    config = PlannerConfig(model=MODEL, search=SEARCH)
+    on_all = min(propose(view, replace(config, d_dp=d_dp, d_pp=8 // d_dp)).live.total_s for d_dp in (2, 4, 8))
+    proposal = propose(view, config)
+    assert set(proposal.standbys) == slow and proposal.live.total_s < on_all
+
+    like = build_view(worldwide_records(8))
+    everyone = propose(like, config)
+    assert everyone.standbys == ()
+    assert propose(like.subset(list(IDS[:4])), config).live.total_s < everyone.live.total_s

@@ -39,8 +39,8 @@ PAPER_DEVICES = 64
 def schedule(
     scenario: Annotated[str, typer.Option(help=f"Scenario ({', '.join(SCENARIOS)}, case1…case5) or a JSON file.")],
     dp: Annotated[str | None, typer.Option("--dp", help="D_DP: pipelines (devices per stage group); `auto` lets the "
-                                                       "live objective run fewer, leaving the slowest devices as "
-                                                       "standbys.")] = None,
+                                                       "live objective choose, leaving devices 2× slower than the "
+                                                       "rest as standbys where that is faster.")] = None,
     pp: Annotated[str | None, typer.Option("--pp", help="D_PP: pipeline stages; `auto` lets the live objective "
                                                        "choose, from one to the model's layers.")] = None,
     model: Annotated[str, typer.Option(help=f"Model for payloads: {', '.join(MODEL_PRESETS)} or a JSON file "

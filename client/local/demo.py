@@ -61,6 +61,9 @@ class DemoConfig:
     model: str = "tiny"
     placements: tuple[str, ...] = ("scheduled", "random")
     """Plans trained in turn on the same clients; the first is the one the loss curve is reported for."""
+    shape_chosen: tuple[str, ...] = ()
+    """Placements whose shape the coordinator chooses (`--dp auto --pp auto`: the stages, the pipelines, and which
+    clients stand by); the others run dp × clients // dp."""
     steps: tuple[int, ...] = (20, 10)
     """Measured steps per placement, after the warm-up."""
     warmup_steps: int = 2
@@ -92,7 +95,7 @@ class DemoConfig:
             raise ConfigError(f"unknown model {self.model!r}; presets: {', '.join(MODEL_PRESETS)}")
         if len(self.placements) != len(self.steps) or not self.placements:
             raise ConfigError(f"one step count per placement: {self.placements} vs {self.steps}")
-        for placement in self.placements:
+        for placement in self.placements + self.shape_chosen:
             if placement not in PLACEMENTS:
                 raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
         if any(tflops <= 0 for tflops in self.emulate_tflops):
@@ -207,7 +210,7 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
     swarm.start(
         "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,
         "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
-        "--dp", str(config.dp), "--pp", str(config.pp), "--min-peers", str(n), "--plan", placement,
+        *_shape_options(config, placement), "--min-peers", str(n), "--plan", placement,
         "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
         "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
         *(("--data-period", str(config.data_period)) if config.data_period else ()))
@@ -220,12 +223,18 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
     watch.phases.append(phase)
     watch.status = f"{placement} run: training"
     last = assignment.step + config.warmup_steps + steps
-    reached = lambda: sum(1 for r in watch.steps_of(phase.version).values() if r[-1].step >= last) == n
+    reached = lambda: sum(1 for r in watch.steps_of(phase.version).values() if r[-1].step >= last) == \
+        len(assignment.roles)  # standbys do not train
     await _wait(watch, reached, config.start_timeout_s + config.step_timeout_s * (last - assignment.step),
                 f"train {last - assignment.step} steps of the {placement} plan", on_update)
     _measure(phase, watch, assignment, config.warmup_steps)
     watch.status = f"{placement} run: done"
     return phase
+
+
+def _shape_options(config: DemoConfig, placement: str) -> tuple[str, ...]:
+    dp, pp = ("auto", "auto") if placement in config.shape_chosen else (config.dp, config.pp)
+    return "--dp", str(dp), "--pp", str(pp)
 
 
 def _measure(phase: PhaseResult, watch: DemoWatch, assignment: Assignment, warmup_steps: int) -> None:
