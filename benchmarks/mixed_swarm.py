@@ -6,9 +6,9 @@ emulated from the DT-FM world-wide scenario with scaled bandwidth) in which ever
 (`--plan scheduled --dp auto --pp auto`: the coordinator chooses the shape and which clients stand by), the paper
 objective's (`--plan paper`: DT-FM's communication cost, the even cut), a random one and the default (device
 order), the last three at 4 pipelines × 2 stages of all 8 clients, as DT-FM runs. Each run is a fresh swarm of the
-same identities, sites and speeds. Measured: the median over peers of the step period after the warm-up (hetswarm.client.local.demo).
-Predicted: the coordinator's live model, as published in the assignment. Writes the "mixed-swarm" section of
-benchmarks/RESULTS.md.
+same identities, sites and speeds. Measured: the median over peers of the step period after the warm-up
+(hetswarm.client.local.demo). Predicted: the coordinator's live model, as published in the assignment. Writes the
+"mixed-swarm" section of benchmarks/RESULTS.md.
 
     python benchmarks/mixed_swarm.py [--steps 12] [--bandwidth-scale 0.02] [--fast-tflops 0.0004] [--slowdown 4]
 """

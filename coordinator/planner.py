@@ -5,9 +5,9 @@ baseline placement when the operator asks for one to compare, and prices the res
 Degrees left to `auto` are chosen among the shapes the peers' memory allows (D_PP up to the model's layer count,
 fewest stages first until the time budget is spent; D_DP as many pipelines as the peers fill, or as the peers of
 each faster tier fill, the much slower ones standing by: scheduler.speed_tiers), by the live model's predicted step
-time. So is the wire under the `auto`
-compression policy (protocol/wire_format.py): the search places peers for the lightest wire, and the plan takes the
-least lossy wire predicted within AUTO_TOLERANCE of the fastest on that placement.
+time. So is the wire under the `auto` compression policy (protocol/wire_format.py): the search places peers for the
+lightest wire, and the plan takes the least lossy wire predicted within AUTO_TOLERANCE of the fastest on that
+placement.
 
 The replanner publishes a new version when the set of trainable peers changed and then stayed put for the debounce
 time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
