@@ -7,13 +7,17 @@ from hivemind.p2p import P2P
 
 @contextlib.asynccontextmanager
 async def connected_p2ps(n: int) -> AsyncIterator[list[P2P]]:
-    """``n`` daemons on 127.0.0.1, each bootstrapped from the first; all shut down on exit."""
-    first = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    peers = [first]
+    """``n`` daemons on 127.0.0.1, every pair connected; all shut down on exit.
+
+    Bootstrapping each from the first alone leaves the others to find each other through p2pd's Kademlia table,
+    which a loaded machine may not have filled when the test opens its first stream: a CI run saw the first
+    all-reduce of two such daemons fail at once (tests/test_group_allreduce.py). The tests are not about routing.
+    """
+    peers: list[P2P] = []
     try:
-        maddrs = await first.get_visible_maddrs()
-        for _ in range(n - 1):
-            peers.append(await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs))
+        for _ in range(n):
+            earlier = [maddr for peer in peers for maddr in await peer.get_visible_maddrs()]
+            peers.append(await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=earlier))
         yield peers
     finally:
         for p2p in peers:
