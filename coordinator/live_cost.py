@@ -5,23 +5,24 @@ volunteers is not, so the live model adds what the paper leaves out:
 
     step_s  = max_s (max_r (T_r − Σ_{j<s} b_jr) + A_s) + max_{i,j} α_ij / 1000   all-reduces, then the vote
     T_r     = Φ_r(f) + Φ_r(b)                          pipeline r's forward and backward passes
-    Φ_r(x)  = Σ_s x_sr + Σ_h p_h + (M − 1)·max(max_s x_sr, max_h p_h)
+    Φ_r(x)  = Σ_s x_sr + Σ_h p_hr + (M − 1)·max(max_s x_sr, max_h p_hr)
     f_sr, b_sr = (1 − w)·t_sr / M, w·t_sr / M          one micro-batch's forward and backward on stage s
     t_sr    = F_s · B / D_DP / TFLOPS[s, r]            stage s of pipeline r, over its share of the step
-    p_h     = max_r (α_hr/1000 + 8·c_PP / (M·β_hr))    one micro-batch's activations (or gradients) over hop h
+    p_hr    = α_hr/1000 + 8·c_PP / (M·β_hr)            one micro-batch's activations (or gradients), hop h of r
     A_s     = max_{i,j ∈ C_s} 2·(α_ij/1000 + 8·c_s / (D_DP·β_ij))
 
 F_s is stage s's forward+backward FLOPs per token (ModelConfig.stage_flops_per_token, PaLM Appendix B), B the batch
 tokens of one step over all pipelines, M the micro-batches per pipeline and w the backward's share of the compute
 (2/3; 3/4 recomputing). TFLOPS is what the device's probe published, or, once it has trained under a plan and
 computes more than 2× unlike that (relative to the swarm's typical efficiency), what its reported compute times show
-(coordinator/claims.py). Pipelines run side by side, each at its own devices' pace, until their stage groups'
-all-reduces; each hop is charged at its slowest pipeline's (a bound: the slowest hops need not share a pipeline).
+(coordinator/claims.py). Pipelines run side by side, each at the pace of its own devices and hops, until their stage
+groups' all-reduces (the search's objective charges every hop at its slowest pipeline's, a bound:
+coordinator/live_objective.py).
 Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose stages are
 the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it computes m + 1
 (client/training/stage_worker.py sends in the background), one message after another on each direction of a link
 (client/peer/emulation.py emulates exactly that wire). When compute is the bottleneck, T_r = max_s t_sr +
-(Σ_s t_sr − max_s t_sr)/M + 2·Σ_h p_h: the compute, the bubble (for equal stages the familiar (D_PP − 1)/M of the
+(Σ_s t_sr − max_s t_sr)/M + 2·Σ_h p_hr: the compute, the bubble (for equal stages the familiar (D_PP − 1)/M of the
 compute), and each hop's transfer of *one* micro-batch each way, where the paper charges 2·PipeP, the whole batch's
 (docs/dtfm.md). The breakdown reports the slowest pipeline's compute, bubble and hops, and as DataP what the
 all-reduces add to it (`step_terms`). Every peer then pushes its vote on the step to every other and applies the step
@@ -290,7 +291,8 @@ def step_terms(stage_s: np.ndarray, hop_s: np.ndarray, allreduce_s: np.ndarray, 
 
 
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
-                   latency_ms: np.ndarray | None = None, execution: Execution | None = None) -> LiveBreakdown:
+                   latency_ms: np.ndarray | None = None, execution: Execution | None = None,
+                   slowest_hops: bool = False) -> LiveBreakdown:
     """The live model's step time of a deployed plan (module docstring); `plan.breakdown` is its paper cost (for
     an uneven cut, priced with each stage's own payload: `cost_plan`'s `stage_dp_bytes`).
 
@@ -299,6 +301,8 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         latency_ms: (N, N) measured latencies, for the commit vote; None leaves it out (a plan priced for the
             paper's comparisons).
         execution: the plan's cut, micro-batches and recomputation; None: the model's even cut and micro-batches.
+        slowest_hops: charge every pipeline each hop of the slowest pipeline at that stage boundary, as the
+            search's objective does (coordinator/live_objective.py), instead of its own.
 
     Raises:
         NoFeasiblePlan: a stage is placed on a device whose memory cannot hold it.
@@ -313,7 +317,9 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         raise NoFeasiblePlan(f"stage {stage} needs {need_gib[stage]:.2f} GiB but device {grid[stage, replica]} has "
                              f"{memory_gib[grid[stage, replica]]:.2f} GiB")
     stage_s = stage_compute_s(model, grid, np.asarray(tflops, dtype=float), execution)
-    hop_s = np.broadcast_to(plan.micro_batch_hops_s(execution.micro_batches), (d_dp, d_pp - 1))
+    hop_s = plan.micro_batch_hops_s(execution.micro_batches).T  # (d_dp, d_pp − 1)
+    if slowest_hops:
+        hop_s = np.broadcast_to(hop_s.max(axis=0), hop_s.shape)
     data, pipe, compute, bubble = step_terms(stage_s.T, hop_s, plan.stage_allreduce_s,
                                              micro_batches=execution.micro_batches, recompute=execution.recompute)
     return LiveBreakdown(

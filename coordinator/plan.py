@@ -53,9 +53,9 @@ class Plan:
     """c_PP in GB: one pipeline's activations across a stage boundary in a step."""
 
     def micro_batch_hops_s(self, micro_batches: int) -> np.ndarray:
-        """(d_pp − 1,) each stage boundary's time for one micro-batch's activations (or their gradients), at its
-        slowest pipeline: the live model's per-hop term (coordinator/live_cost.py)."""
-        return (self.hop_latency_s + self.pp_gb / micro_batches * self.hop_s_per_gb).max(axis=1)
+        """(d_pp − 1, d_dp) every pipeline hop's time for one micro-batch's activations (or their gradients): the
+        live model's per-hop term (coordinator/live_cost.py)."""
+        return self.hop_latency_s + self.pp_gb / micro_batches * self.hop_s_per_gb
 
     @property
     def cost_s(self) -> float:

@@ -92,6 +92,25 @@ def test_a_hop_slower_than_every_stage_paces_both_phases():
     assert plan.breakdown.pipeline_parallel_s == pytest.approx(2 * (0.010 + 2 * 9.99))  # the paper's: whole batch
 
 
+def test_each_pipeline_runs_over_its_own_hops():
+    # Pipeline 0 (devices 0 → 2) has the fast stage 0 (3.888 s) but a 3 s hop; pipeline 1 (1 → 3) the slow stage 0
+    # (7.776 s) and a 10 ms hop. Per micro-batch (M = 2), forward and backward:
+    latency = np.full((4, 4), 10.0)
+    latency[0, 2] = latency[2, 0] = 3000.0
+    network = Network.from_matrices(latency, np.full((4, 4), 1.0))
+    plan = cost_plan(PaperCostModel(network, Payloads.from_model(MODEL, d_dp=2, d_pp=2), d_dp=2, d_pp=2), GRID)
+    hop_s, slow_hop_s = 0.010 + 128e-9, 3.0 + 128e-9
+    pipeline_0 = (0.648 + 0.316 + slow_hop_s + slow_hop_s) + (1.296 + 0.632 + slow_hop_s + slow_hop_s)
+    pipeline_1 = (1.296 + 0.316 + hop_s + 1.296) + (2.592 + 0.632 + hop_s + 2.592)
+    pipeline_1_slowest_hop = (1.296 + 0.316 + slow_hop_s + slow_hop_s) + (2.592 + 0.632 + slow_hop_s + slow_hop_s)
+    own, bound = (predict_step_s(plan, MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB, slowest_hops=slowest)
+                  for slowest in (False, True))
+    assert pipeline_1 < pipeline_0 < pipeline_1_slowest_hop
+    assert own.compute_s + own.bubble_s + own.pipeline_parallel_s == pytest.approx(pipeline_0)
+    assert bound.compute_s + bound.bubble_s + bound.pipeline_parallel_s == pytest.approx(pipeline_1_slowest_hop)
+    assert own.total_s < bound.total_s
+
+
 def test_the_commit_vote_costs_the_plans_largest_latency():
     latency = np.full((4, 4), 10.0)
     latency[1, 3] = latency[3, 1] = 80.0  # two peers of the plan are far apart

@@ -16,6 +16,7 @@ from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import (
     Execution,
     ExecutionOption,
+    LiveBreakdown,
     NoFeasiblePlan,
     predict_step_s,
     stage_memory_bytes,
@@ -58,12 +59,21 @@ def compositions(total: int, parts: int):
 
 
 def slowest_of_group(tflops: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Every device as fast as the slowest of its stage group: the live objective's view of a plan, whose
-    deployed step it bounds from above (coordinator/live_objective.py)."""
+    """Every device as fast as the slowest of its stage group."""
     slowest = tflops.copy()
     for group in grid:
         slowest[group] = tflops[group].min()
     return slowest
+
+
+def searched_and_deployed(plan, tflops: np.ndarray, memory: np.ndarray, latency_ms: np.ndarray,
+                          execution: Execution) -> tuple[LiveBreakdown, LiveBreakdown]:
+    """The live model's price of a plan as the search sees it (every device as slow as its stage group's slowest,
+    every hop as its stage boundary's slowest: coordinator/live_objective.py), which bounds its price as deployed
+    from above, and that price."""
+    runs = {"memory_gib": memory, "latency_ms": latency_ms, "execution": execution}
+    return (predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid), slowest_hops=True, **runs),
+            predict_step_s(plan, MODEL, tflops=tflops, **runs))
 
 
 def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
@@ -94,9 +104,7 @@ def _brute_force_in(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarra
                 plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
                                            matched_by=hops)
                 try:
-                    step_s = predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid),
-                                            memory_gib=memory, execution=execution,
-                                            latency_ms=paper.network.latency_ms).total_s
+                    step_s = searched_and_deployed(plan, tflops, memory, paper.network.latency_ms, execution)[0].total_s
                 except NoFeasiblePlan:
                     continue
                 if step_s < best:
@@ -165,9 +173,7 @@ def assert_priced_as_found(result, tflops: np.ndarray, memory: np.ndarray, netwo
                            execution: Execution) -> None:
     """The plan runs the way the brute force's optimum does, costs what it costs, and the search's own price of it
     is the live model's; deployed, its pipelines are no slower."""
-    found, deployed = (predict_step_s(result.plan, MODEL, tflops=speeds, memory_gib=memory,
-                                      latency_ms=network.latency_ms, execution=result.execution)
-                       for speeds in (slowest_of_group(tflops, result.plan.grid), tflops))
+    found, deployed = searched_and_deployed(result.plan, tflops, memory, network.latency_ms, result.execution)
     assert result.execution.option == execution.option
     assert found.total_s == pytest.approx(optimum, rel=1e-9)
     assert result.search.best.cost_s == pytest.approx(found.total_s, rel=1e-9)
@@ -188,9 +194,7 @@ def test_the_objective_prices_any_partition_as_the_live_model_prices_its_slowest
             stage_dp_bytes = live.dp_gb[np.arange(d_pp), list(execution.layer_counts)] * BYTES_PER_GB
             plan = plan_from_partition(paper, candidate.partition, candidate.order, stage_dp_bytes,
                                        matched_by=live.hops)
-            priced, deployed = (predict_step_s(plan, MODEL, tflops=speeds, memory_gib=memory,
-                                               latency_ms=network.latency_ms, execution=execution)
-                                for speeds in (slowest_of_group(tflops, plan.grid), tflops))
+            priced, deployed = searched_and_deployed(plan, tflops, memory, network.latency_ms, execution)
             assert candidate.cost_s == pytest.approx(priced.total_s, rel=1e-9)
             assert deployed.total_s <= priced.total_s * (1 + 1e-9)  # tests/test_live_cost.py has a looser case
 
