@@ -32,8 +32,6 @@ MAX_PROBE_BYTES = 32 * 2**20
 """Largest payload a peer accepts for one bandwidth probe."""
 SMALL_PROBE_BYTES = 2 * PROBE_PART_BYTES
 """The first payload, which only sizes the others."""
-PINGS_IN_FLIGHT = 3
-"""Pings of one probe that may await their answers at once: below ProbeServicer's 4 per peer."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,7 +39,7 @@ class ProbeConfig:
     pings: int = 8
     """Unary pings per link; the fastest is kept."""
     ping_spacing_s: float = 0.1
-    """Pause between the starts of pings, so that one busy moment of either peer does not delay them all."""
+    """Pause between pings, so that one busy moment of either peer does not delay them all."""
     max_payload_bytes: int = 8 * 2**20
     """Most bytes one bandwidth probe may stream."""
     target_s: float = 0.5
@@ -97,28 +95,6 @@ async def _payload(n_bytes: int) -> AsyncIterator[runtime_pb2.ExpertRequest]:
         yield runtime_pb2.ExpertRequest(tensors=[part if size == PROBE_PART_BYTES else runtime_pb2.Tensor(buffer=bytes(size))])
 
 
-async def _ping_times(stub, config: ProbeConfig) -> list[float]:
-    """Round trips of config.pings pings, started config.ping_spacing_s apart and up to PINGS_IN_FLIGHT at once:
-    one after another, the 8 pings of a link with a 460 ms round trip took 4.5 s, most of a probe."""
-    in_flight = asyncio.Semaphore(PINGS_IN_FLIGHT)
-
-    async def ping(delay_s: float) -> float:
-        await asyncio.sleep(delay_s)
-        async with in_flight:
-            start = time.perf_counter()
-            answer = await stub.rpc_ping(runtime_pb2.ExpertRequest())
-            if answer.metadata:
-                raise ConnectionError(f"the peer refused a ping: {answer.metadata[:80]!r}")
-            return time.perf_counter() - start
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            pings = [group.create_task(ping(i * config.ping_spacing_s)) for i in range(config.pings)]
-    except ExceptionGroup as errors:  # the first failure says what went wrong; the other pings were cancelled
-        raise errors.exceptions[0] from None
-    return [task.result() for task in pings]
-
-
 async def _stream_time(stub, n_bytes: int) -> float:
     start = time.perf_counter()
     try:
@@ -140,7 +116,15 @@ async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeC
     """
     stub = ProbeServicer.get_stub(p2p, peer, namespace=namespace)
     async with asyncio.timeout(config.timeout_s):
-        fastest_rtt = min(await _ping_times(stub, config))
+        rtts = []
+        for _ in range(config.pings):
+            start = time.perf_counter()
+            answer = await stub.rpc_ping(runtime_pb2.ExpertRequest())
+            if answer.metadata:
+                raise ConnectionError(f"the peer refused a ping: {answer.metadata[:80]!r}")
+            rtts.append(time.perf_counter() - start)
+            await asyncio.sleep(config.ping_spacing_s)
+        fastest_rtt = min(rtts)
         rough_bytes_per_s = SMALL_PROBE_BYTES / max(await _stream_time(stub, SMALL_PROBE_BYTES) - fastest_rtt, 1e-3)
         n_bytes = int(min(max(rough_bytes_per_s * config.target_s, SMALL_PROBE_BYTES), config.max_payload_bytes))
         best_s = min([await _stream_time(stub, n_bytes) for _ in range(config.bandwidth_rounds)])
