@@ -1,8 +1,8 @@
 """The live cost model as the search's objective (coordinator/live_objective.py), checked against brute force: on
 small random swarms of mixed speed and memory, the search finds the partition, stage order and cut of the layers
-that the live model itself (`predict_step_s` of the deployed plan) prices lowest among all of them, in the way of
-running the stages the scheduler chooses (the first that fits, unless a later one is clearly faster), and its cost is
-that price."""
+that the live model itself (`predict_step_s` of the deployed plan, as the search sees it: `searched_and_deployed`)
+prices lowest among all of them, in the way of running the stages the scheduler chooses (the first that fits, unless
+a later one is clearly faster), and its cost is that price."""
 from __future__ import annotations
 
 import itertools
@@ -78,9 +78,9 @@ def searched_and_deployed(plan, tflops: np.ndarray, memory: np.ndarray, latency_
 
 def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
                 ) -> tuple[float, Execution | None]:
-    """The lowest live step time over every partition, stage order and (with `balanced`) cut, as deployed, in the
-    way the scheduler would run it: the first of `execution_options` in which anything fits, unless a later way's
-    optimum is lower by `WAY_MARGIN`; (inf, None) when nothing fits."""
+    """The lowest live step time over every partition, stage order and (with `balanced`) cut, as the search sees
+    it, in the way the scheduler would run it: the first of `execution_options` in which anything fits, unless a
+    later way's optimum is lower by `WAY_MARGIN`; (inf, None) when nothing fits."""
     best, best_execution = np.inf, None
     for option in execution_options(MODEL, paper.d_dp):
         step_s, execution = _brute_force_in(paper, tflops, memory, option, balanced=balanced)
