@@ -80,10 +80,12 @@ async def _refuse_then_accept(fault: Fault) -> str:
 def test_bad_frame_is_refused_with_its_reason_and_the_stage_keeps_serving(fault, caplog):
     with caplog.at_level(logging.WARNING, logger="hetswarm.client.training.neighbour_streams"):
         reason = asyncio.run(_refuse_then_accept(fault))
-    assert fault.value in reason
     warnings = [r.getMessage() for r in caplog.records if r.name == "hetswarm.client.training.neighbour_streams"]
-    if fault is Fault.NOT_A_NEIGHBOUR:  # cut off unread: the sender may not see the verdict, and try again
+    if fault is Fault.NOT_A_NEIGHBOUR:  # cut off unread: the sender may not see the verdict, and try again, or
+        # break its pipe writing the frame (a CI run saw BrokenPipeError): refused either way, never taken
+        assert fault.value in reason or "could not deliver" in reason or "still unknown" in reason, reason
         assert 1 <= len(warnings) <= _SEND_TRIES
         assert all("Cut off a frame stream" in w and fault.value in w for w in warnings), warnings
     else:
+        assert fault.value in reason
         assert len(warnings) == 1 and "Refused a frame" in warnings[0] and fault.value in warnings[0]
