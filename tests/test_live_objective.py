@@ -1,6 +1,6 @@
 """The live cost model as the search's objective (coordinator/live_objective.py), checked against brute force: on
 small random swarms of mixed speed and memory, the search finds the partition, stage order and cut of the layers
-that the live model itself (`predict_step_s` of the deployed plan, as the search sees it: `searched_and_deployed`)
+that the live model itself (`predict_step_s` of the deployed plan, as the search sees it: `as_searched`)
 prices lowest among all of them, in the way of running the stages the scheduler chooses (the first that fits, unless
 a later one is clearly faster), and its cost is that price."""
 from __future__ import annotations
@@ -66,14 +66,19 @@ def slowest_of_group(tflops: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return slowest
 
 
+def as_searched(plan, tflops: np.ndarray, memory: np.ndarray, latency_ms: np.ndarray,
+                execution: Execution) -> LiveBreakdown:
+    """The live model's price of a plan as the search sees it: every device as slow as its stage group's slowest,
+    every hop as its stage boundary's slowest (coordinator/live_objective.py)."""
+    return predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid), memory_gib=memory,
+                          latency_ms=latency_ms, execution=execution, slowest_hops=True)
+
+
 def searched_and_deployed(plan, tflops: np.ndarray, memory: np.ndarray, latency_ms: np.ndarray,
                           execution: Execution) -> tuple[LiveBreakdown, LiveBreakdown]:
-    """The live model's price of a plan as the search sees it (every device as slow as its stage group's slowest,
-    every hop as its stage boundary's slowest: coordinator/live_objective.py), which bounds its price as deployed
-    from above, and that price."""
-    runs = {"memory_gib": memory, "latency_ms": latency_ms, "execution": execution}
-    return (predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid), slowest_hops=True, **runs),
-            predict_step_s(plan, MODEL, tflops=tflops, **runs))
+    """`as_searched`, which bounds the plan's price as deployed from above, and that price."""
+    return (as_searched(plan, tflops, memory, latency_ms, execution),
+            predict_step_s(plan, MODEL, tflops=tflops, memory_gib=memory, latency_ms=latency_ms, execution=execution))
 
 
 def brute_force(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarray, *, balanced: bool
@@ -104,7 +109,7 @@ def _brute_force_in(paper: PaperCostModel, tflops: np.ndarray, memory: np.ndarra
                 plan = plan_from_partition(paper, np.array(groups), list(order), np.array(stage_dp_bytes),
                                            matched_by=hops)
                 try:
-                    step_s = searched_and_deployed(plan, tflops, memory, paper.network.latency_ms, execution)[0].total_s
+                    step_s = as_searched(plan, tflops, memory, paper.network.latency_ms, execution).total_s
                 except NoFeasiblePlan:
                     continue
                 if step_s < best:
