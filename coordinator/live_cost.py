@@ -3,7 +3,8 @@
 The paper's model prices communication only, because its GPUs are identical (docs/dtfm.md, Cost model). A swarm of
 volunteers is not, so the live model adds what the paper leaves out:
 
-    step_s  = max_s (max_r (T_r − Σ_{j<s} b_jr) + A_s) + max_{i,j} α_ij / 1000   all-reduces, then the vote
+    step_s  = max_s (max_r (T_r − Σ_{j<s} b_jr) + A_s) + V                       all-reduces, then the vote
+    V       = max_{i,j} α_ij / 1000; max(0, V − max_r T_r) on a single stage    the farthest pair's latency
     T_r     = Φ_r(f) + Φ_r(b)                          pipeline r's forward and backward passes
     Φ_r(x)  = Σ_s x_sr + Σ_h p_hr + (M − 1)·max(max_s x_sr, max_h p_hr)
     f_sr, b_sr = (1 − w)·t_sr / M, w·t_sr / M          one micro-batch's forward and backward on stage s
@@ -27,7 +28,9 @@ compute), and each hop's transfer of *one* micro-batch each way, where the paper
 (docs/dtfm.md). The breakdown reports the slowest pipeline's compute, bubble and hops, and as DataP what the
 all-reduces add to it (`step_terms`). Every peer then pushes its vote on the step to every other and applies the step
 once it has all votes (client/training/step_commit.py), so a step ends one latency of the plan's farthest pair after
-the last peer finished.
+the last peer finished. A single stage needs no frames for its passes, so it applies the step on its own success and
+computes the next step's passes while the vote is out (client/training/stage_worker.py): only what the vote
+outlasts them by is on its critical path (`exposed_vote_s`).
 
 The all-reduce is priced as the runtime runs it, not as the paper prices it. hivemind's AllReduceRunner sends every
 shard at once, each pair over its own path, so stage group C_s takes its slowest pair's two sends of its share of
@@ -70,8 +73,8 @@ from hetswarm.protocol.units import BYTES_PER_GIB
 if TYPE_CHECKING:  # the scheduler runs without the record schemas' pydantic (tests/test_import_doors.py)
     from hetswarm.protocol.records import Assignment
 
-__all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "in_flight",
-           "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes", "step_terms"]
+__all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "StageCosts", "exposed_vote_s",
+           "in_flight", "pipeline_terms", "predict_step_s", "stage_compute_s", "stage_memory_bytes", "step_terms"]
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
@@ -100,7 +103,8 @@ class LiveBreakdown:
     bubble_s: float
     """GPipe's fill and drain: the other stages' time of one micro-batch each."""
     commit_s: float = 0.0
-    """The commit vote: the largest one-way latency between two peers of the plan."""
+    """The commit vote: the largest one-way latency between two peers of the plan, less the next step's compute
+    on a single stage (`exposed_vote_s`)."""
 
     @property
     def total_s(self) -> float:
@@ -290,6 +294,13 @@ def step_terms(stage_s: np.ndarray, hop_s: np.ndarray, allreduce_s: np.ndarray, 
     return data, of_slowest(pipe), of_slowest(compute), of_slowest(bubble)
 
 
+def exposed_vote_s(vote_s: float, compute_s: np.ndarray, *, d_pp: int) -> np.ndarray:
+    """The commit vote's part of the step (`vote_s`, the farthest pair's latency): all of it, but on a single
+    stage only what outlasts the next step's passes (`compute_s`, its slowest replica's), which run while the
+    plan votes (client/training/stage_worker.py)."""
+    return np.maximum(vote_s - compute_s, 0.0) if d_pp == 1 else np.full_like(compute_s, vote_s)
+
+
 def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory_gib: np.ndarray,
                    latency_ms: np.ndarray | None = None, execution: Execution | None = None,
                    slowest_hops: bool = False) -> LiveBreakdown:
@@ -322,11 +333,11 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
         hop_s = np.broadcast_to(hop_s.max(axis=0), hop_s.shape)
     data, pipe, compute, bubble = step_terms(stage_s.T, hop_s, plan.stage_allreduce_s,
                                              micro_batches=execution.micro_batches, recompute=execution.recompute)
+    vote_s = 0.0 if latency_ms is None else float(np.asarray(latency_ms)[np.ix_(grid.ravel(), grid.ravel())].max())
     return LiveBreakdown(
         data_parallel_s=float(data),
         pipeline_parallel_s=float(pipe),
         compute_s=float(compute),
         bubble_s=float(bubble),
-        commit_s=0.0 if latency_ms is None else float(np.asarray(latency_ms)[np.ix_(grid.ravel(), grid.ravel())].max())
-        / 1000,
+        commit_s=float(exposed_vote_s(vote_s / 1000, compute, d_pp=d_pp)),
     )

@@ -11,7 +11,8 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
 - `combine` puts the groups in stage order, cuts the layers (`balanced_cut`: a group of slow or small devices
   holds fewer; or the even cut, whichever is faster) and adds the live model's terms (live_cost.step_terms) for
   one pipeline made of each stage's slowest device and each hop's slowest pipeline: the forward and backward over
-  stages and hops, the all-reduces they do not hide, and the commit vote. That bounds the deployed plan's step
+  stages and hops, the all-reduces they do not hide, and the commit vote (on a single stage, what the next step's
+  compute does not hide). That bounds the deployed plan's step
   from above (its pipelines are each at most that slow) and equals it when every stage group's devices are
   equally fast, which is what the search favours. Plus
   `PENALTY_S_PER_GIB` for every GiB a stage lacks on its smallest device, so that the search walks out of
@@ -40,6 +41,7 @@ from hetswarm.coordinator.live_cost import (
     LiveBreakdown,
     NoFeasiblePlan,
     StageCosts,
+    exposed_vote_s,
     stage_memory_bytes,
     step_terms,
 )
@@ -153,7 +155,7 @@ class LiveCostModel:
         else:  # each group takes at least the lightest stage of the even cut
             compute = float(self.flops[np.arange(self.d_pp), list(self.even.layer_counts)].min() * s_per_flop.max())
         first_allreduce = group_times_s[:, 2 + self._first_count].min()
-        return float(first_allreduce + compute + self.commit_s)
+        return float(first_allreduce + compute + exposed_vote_s(self.commit_s, compute, d_pp=self.d_pp))
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         return self.hops.link_terms_s(group_a, group_b)
@@ -174,9 +176,9 @@ class LiveCostModel:
                                      counts])
         totals, parts = self._priced(group_times_s, link_times_s, orders, counts)
         best = int(np.argmin(totals))
-        data_s, pipe_s, compute_s, bubble_s, short_gib = (float(part[best]) for part in parts)
+        data_s, pipe_s, compute_s, bubble_s, commit_s, short_gib = (float(part[best]) for part in parts)
         live = LiveBreakdown(data_parallel_s=data_s, pipeline_parallel_s=pipe_s, compute_s=compute_s,
-                             bubble_s=bubble_s, commit_s=self.commit_s)
+                             bubble_s=bubble_s, commit_s=commit_s)
         return (LiveCost(live=live, layer_counts=tuple(int(c) for c in counts[best]), short_gib=short_gib),
                 [int(g) for g in orders[best]])
 
@@ -210,7 +212,7 @@ class LiveCostModel:
     def _priced(self, group_times_s: np.ndarray, link_times_s: np.ndarray, orders: np.ndarray, counts: np.ndarray
                 ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """(P,) totals of P stage orders (P, d_pp) with their cuts (P, d_pp), and the terms (data, pipe, compute,
-        bubble, short GiB)."""
+        bubble, commit, short GiB)."""
         stages = np.arange(self.d_pp)[None, :]
         rows = group_times_s[orders]  # (P, d_pp, 2 + d_pp·(L + 1))
         stage_s = self.flops[stages, counts] * rows[:, :, 0]  # (P, d_pp)
@@ -219,8 +221,9 @@ class LiveCostModel:
         hop_s = link_times_s[orders[:, :-1], orders[:, 1:]]  # (P, d_pp − 1), each hop at its slowest pipeline
         data, pipe, compute, bubble = step_terms(stage_s[:, None], hop_s[:, None], self._allreduce_s(rows, counts),
                                                  **runs)
-        totals = data + pipe + compute + bubble + self.commit_s + PENALTY_S_PER_GIB * short
-        return totals, (data, pipe, compute, bubble, short)
+        commit = exposed_vote_s(self.commit_s, compute, d_pp=self.d_pp)
+        totals = data + pipe + compute + bubble + commit + PENALTY_S_PER_GIB * short
+        return totals, (data, pipe, compute, bubble, commit, short)
 
 
 def _envelope(latency: np.ndarray, per_gb: np.ndarray) -> np.ndarray:

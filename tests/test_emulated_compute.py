@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hardware import emulate_tflops
-from hetswarm.client.training.stage_worker import StageWorker
+from hetswarm.client.training.stage_worker import _CLOCK, StageWorker, _Clock
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.records import Hardware
 
@@ -25,10 +25,18 @@ def test_a_device_cannot_be_emulated_faster_than_it_is(tflops):
         emulate_tflops(MEASURED, tflops)
 
 
-def emulating(tflops: float | None) -> StageWorker:
-    worker = StageWorker.__new__(StageWorker)  # only what _computing reads: the device, the clock, the speed
-    worker.device, worker.emulated_tflops, worker._compute_s = torch.device("cpu"), tflops, 0.0
-    return worker
+def computed_s(tflops: float | None, seconds: float) -> float:
+    """The compute time a worker emulating `tflops` counts for 0.3 GFLOP that take `seconds` here."""
+    worker = StageWorker.__new__(StageWorker)  # only what _computing reads: the device and the speed
+    worker.device, worker.emulated_tflops = torch.device("cpu"), tflops
+    clock = _Clock()
+
+    async def compute() -> None:
+        _CLOCK.set(clock)
+        assert await worker._computing(work, seconds, flops=0.3e9) == "done"
+
+    asyncio.run(compute())
+    return clock.compute_s
 
 
 def work(seconds: float) -> str:
@@ -37,12 +45,6 @@ def work(seconds: float) -> str:
 
 
 def test_a_computation_takes_as_long_as_its_flops_on_the_emulated_device_however_busy_this_one_is():
-    worker = emulating(1e-3)  # 1 GFLOPS: 0.3 GFLOP take 0.3 s
-    assert asyncio.run(worker._computing(work, 0.05, flops=0.3e9)) == "done"
-    assert 0.3 <= worker._compute_s < 0.3 + 0.1  # padded to the device's time, not 0.05 s × some factor
-    slower = emulating(1e-3)
-    asyncio.run(slower._computing(work, 0.4, flops=0.3e9))  # this machine was slower still: nothing added
-    assert 0.4 <= slower._compute_s < 0.4 + 0.1
-    unemulated = emulating(None)
-    asyncio.run(unemulated._computing(work, 0.05, flops=0.3e9))
-    assert unemulated._compute_s < 0.05 + 0.1
+    assert 0.3 <= computed_s(1e-3, 0.05) < 0.3 + 0.1  # 1 GFLOPS: padded to the device's 0.3 s, not 0.05 s × some factor
+    assert 0.4 <= computed_s(1e-3, 0.4) < 0.4 + 0.1  # this machine was slower still: nothing added
+    assert computed_s(None, 0.05) < 0.05 + 0.1

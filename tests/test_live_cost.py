@@ -120,6 +120,20 @@ def test_the_commit_vote_costs_the_plans_largest_latency():
     assert live.total_s == pytest.approx(unpriced.total_s + 0.080)
 
 
+@pytest.mark.parametrize("vote_ms, commit_s", [(80.0, 0.0), (12_000.0, 12.0 - 7.68)])
+def test_a_single_stage_votes_while_it_computes_the_next_step(vote_ms, commit_s):
+    latency = np.full((4, 4), 10.0)
+    latency[1, 3] = latency[3, 1] = vote_ms
+    network = Network.from_matrices(latency, np.full((4, 4), 1.0))
+    plan = cost_plan(PaperCostModel(network, Payloads.from_model(MODEL, d_dp=4, d_pp=1), d_dp=4, d_pp=1),
+                     np.array([[0, 1, 2, 3]]))
+    live = predict_step_s(plan, MODEL, tflops=TFLOPS, memory_gib=ROOMY_GIB, latency_ms=latency)
+    # Whole model (1944 + 1896 FLOPs per token) on 2 tokens per pipeline: device 1, at 1e3 FLOP/s, takes 7.68 s.
+    # The next step's passes run while the plan votes: an 80 ms vote is hidden, a 12 s one shows beyond them.
+    assert live.compute_s == pytest.approx(7.68)
+    assert live.commit_s == pytest.approx(commit_s)
+
+
 def test_equal_stages_have_the_textbook_bubble_fraction():
     model = ModelConfig(name="even", n_layers=4, d_model=8, n_heads=2, seq_len=8, vocab_size=1, batch_tokens=64,
                         micro_batches=8)

@@ -19,16 +19,25 @@ of step, pipeline and micro-batch, so the two ends agree without talking); the s
 Gradients follow the loss convention of hetswarm.client.training.reference: the last stage backpropagates CE / M, the
 group all-reduce averages, so one step here equals ``reference_step`` on the same batch.
 
+A single-stage plan runs ahead of its vote. Its passes need no frames, so once a peer has voted success it applies
+the step at once and computes the next step's passes while the vote is out (one latency of the plan's farthest
+pair, which would otherwise sit on every step). A copy of the state taken before that apply puts the step back if
+the plan aborts it or its outcome stays unknown; the passes computed ahead are then dropped, and the next step's
+attempt 0 uses them only if no one has touched the weights since (a replica check, which may replace them, never
+follows a step that ran ahead). The weights, data and arithmetic are those of the step run in turn, so the result
+is bit for bit the same (tests/test_run_ahead.py).
+
 Compute runs in a worker thread, so this peer's event loop keeps taking frames and all-reduce parts while it
 computes. On CUDA the forward pass runs under bf16 autocast with fp32 weights; every tensor that leaves the
 peer is moved to the CPU first.
 """
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -43,6 +52,7 @@ from hetswarm.client.training.neighbour_streams import NeighbourStreams, StreamP
 from hetswarm.client.training.pipeline_schedule import pass_order
 from hetswarm.client.training.reference import micro_batch_loss
 from hetswarm.client.training.replica_sync import ReplicaSync
+from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
@@ -105,6 +115,8 @@ class StepReport:
     wait_s: float
     """Time spent waiting for neighbours' frames and for the group all-reduce."""
     wall_s: float
+    """From the step's first pass (computed ahead, while the plan voted on the step before, on a single stage) to
+    its commit."""
     tokens: int
     """Tokens this pipeline trained on in the step."""
     attempt: int = 0
@@ -113,10 +125,42 @@ class StepReport:
     """Aborted attempts of this worker so far, all steps together."""
     resyncs: int = 0
     """Times this replica's state was replaced by its stage group's, so far."""
+    computed_ahead: bool = False
+    """Its passes were computed while the plan voted on the step before (module docstring)."""
+    rollbacks: int = 0
+    """Steps this worker applied ahead of the plan's decision and put back when the plan aborted them, so far."""
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class _Clock:
+    """Where one step's time went: compute, waiting, and (event, perf_counter) marks for the debug log."""
+
+    started: float = field(default_factory=time.perf_counter)
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    timeline: list[tuple[str, float]] = field(default_factory=list)
+
+
+_CLOCK: contextvars.ContextVar[_Clock] = contextvars.ContextVar("hetswarm_step_clock")
+"""The clock of the step the running task works on: passes computed ahead run in a task of their own beside the
+step before, and must not charge their time to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """A step's passes, computed while the plan voted on the step before."""
+
+    step: int
+    loss: float | None
+    grads: list[torch.Tensor]
+    weights: tuple[int, ...]
+    """The parameters' versions (torch counts in-place changes) when the passes ran: they count only as long as the
+    weights are still those."""
+    clock: _Clock
 
 
 class StageWorker:
@@ -144,24 +188,25 @@ class StageWorker:
         plus a forward again when the stage recomputes its activations."""
         self.optimizer = optimizer
         self.next_step: int | None = None
-        self.retries = self.resyncs = 0
+        self.retries = self.resyncs = self.rollbacks = 0
         self.on_failure: Callable[[StageError], None] | None = None
         """Called with each failure of an attempt here, before the plan's vote: a driver reports it at once."""
         self._attempt: tuple[int, int] | None = None  # (step, next attempt) of the step not yet committed
-        self._compute_s = self._wait_s = 0.0  # of the step being run
-        self._timeline: list[tuple[str, float]] = []
-        """(event, perf_counter) of the step being run, for the debug log of where its time went."""
+        self._ahead: asyncio.Task[_Ahead] | None = None
+        """The next step's passes, running while the plan votes on this one."""
 
     async def close(self) -> None:
         """Stops serving this stage's handlers (a new assignment builds a new worker); each part on its own, so that
         one never attached (a start that failed half-way) does not keep the others registered."""
+        await self._drop_ahead()
         for part in (self.streams, self.group, self.board, self.replicas):
             with contextlib.suppress(Exception):
                 await part.detach()
 
-    async def run_step(self, step: int) -> StepReport:
+    async def run_step(self, step: int, *, ahead: bool = True) -> StepReport:
         """Trains one step, retrying it under new attempt numbers until the whole plan commits it; steps must come
         in increasing order. Calling again with a step that raised StepAborted goes on with its next attempt.
+        ``ahead=False``: no step follows, so none is computed ahead (module docstring).
 
         Raises:
             StepAborted: ``max_attempts`` attempts were aborted by the plan; no peer applied the step.
@@ -171,12 +216,20 @@ class StageWorker:
             raise ConfigError(f"steps only go forward: step {step} was asked for after step {self.next_step - 1}")
         if self._attempt is None or self._attempt[0] != step:
             self._attempt = (step, 0)
-        started, self._compute_s, self._wait_s, self._timeline = time.perf_counter(), 0.0, 0.0, []
+        clock = _Clock()
+        _CLOCK.set(clock)
         wall_clock = time.time()
         self.board.prune(step)
+        computed_ahead = False
         for _ in range(self.config.max_attempts):
             attempt = self._attempt[1]
-            loss = await self._try(step, attempt)
+            precomputed = await self._take_ahead(step, attempt)
+            if precomputed is not None:
+                computed_ahead = True
+                clock.started = min(clock.started, precomputed.clock.started)
+                clock.compute_s += precomputed.clock.compute_s
+                clock.timeline += [(f"ahead {event}", at) for event, at in precomputed.clock.timeline]
+            loss = await self._try(step, attempt, precomputed, ahead=ahead)
             self._attempt = (step, attempt + 1)
             if loss is not False:
                 break
@@ -184,26 +237,33 @@ class StageWorker:
         else:
             raise StepAborted(f"step {step}: {self.config.max_attempts} attempts in a row were aborted; "
                               f"the last was attempt {self._attempt[1] - 1}")
-        first = self.next_step is None  # a new plan: the replicas may come from different histories
+        checked = self._checks_replicas_after(step, attempt)
         self.next_step = step + 1
-        if first or attempt > 0 or (step + 1) % self.config.check_every == 0:
-            if await self._waiting(self.replicas.check(step)):
-                self.resyncs += 1
+        if checked and await self._waiting(self.replicas.check(step)):
+            self.resyncs += 1
         if logger.isEnabledFor(logging.DEBUG):  # built only when shown: this runs every step
             logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
-                f"{event} +{at - started:.3f}" for event, at in self._timeline))
-        return StepReport(step=step, loss=loss, compute_s=self._compute_s, wait_s=self._wait_s,
-                          wall_s=time.perf_counter() - started,
+                f"{event} {at - clock.started:+.3f}" for event, at in sorted(clock.timeline, key=lambda e: e[1])))
+        return StepReport(step=step, loss=loss, compute_s=clock.compute_s, wait_s=clock.wait_s,
+                          wall_s=time.perf_counter() - clock.started,
                           tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
-                          attempt=attempt, retries=self.retries, resyncs=self.resyncs)
+                          attempt=attempt, retries=self.retries, resyncs=self.resyncs, computed_ahead=computed_ahead,
+                          rollbacks=self.rollbacks)
 
-    async def _try(self, step: int, attempt: int) -> float | None | Literal[False]:
-        """One attempt: compute, vote, and apply when the plan commits. Returns the loss (None off the last
-        stage) when committed, False when the plan aborted the attempt."""
+    def _checks_replicas_after(self, step: int, attempt: int) -> bool:
+        """Whether the replicas compare states once `step` commits at `attempt`: on a new plan's first step (the
+        replicas may come from different histories), after a retried step, and every `check_every` steps."""
+        return self.next_step is None or attempt > 0 or (step + 1) % self.config.check_every == 0
+
+    async def _try(self, step: int, attempt: int, precomputed: _Ahead | None, *, ahead: bool
+                   ) -> float | None | Literal[False]:
+        """One attempt: compute (or take the passes `precomputed`), vote, and apply when the plan commits; with
+        `ahead`, a single stage applies on its own success and computes the next step while the vote is out. Returns
+        the loss (None off the last stage) when committed, False when the plan aborted the attempt."""
         self.streams.advance_to(step, attempt)
         self.optimizer.zero_grad(set_to_none=True)
         key = (step, attempt)
-        body = asyncio.create_task(self._compute_attempt(step, attempt))
+        body = asyncio.create_task(self._compute_attempt(step, attempt, precomputed))
         failed_elsewhere = asyncio.create_task(self.board.wait_failed(key))
         try:
             await asyncio.wait({body, failed_elsewhere}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,28 +282,92 @@ class StageWorker:
                            f"{error if error is not None else 'another peer of the plan failed it'}")
             if error is not None and self.on_failure is not None:
                 self.on_failure(error)
-        committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
+        loss, grads = body.result() if succeeded else (None, [])
+        before = None
+        if succeeded and ahead and self.d_pp == 1 and not self._checks_replicas_after(step, attempt):
+            before = await asyncio.to_thread(StageState.capture, self.module, self.optimizer, step)
+            await self._apply(grads)
+            self._ahead = asyncio.create_task(self._run_ahead(step + 1))
+        try:
+            committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
+        except BaseException:  # the outcome is unknown (or we are cancelled): this peer must not have applied it
+            if before is not None:
+                await self._roll_back(before)
+            raise
         self._mark("voted")
         if not committed:
             if succeeded:
                 logger.warning(f"Step {step}, attempt {attempt} aborted: another peer of the plan failed it")
+            if before is not None:
+                await self._roll_back(before)
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        loss, grads = body.result()
         self.streams.commit(step, attempt)
+        if before is None:
+            await self._apply(grads)
+        return loss
+
+    async def _apply(self, grads: list[torch.Tensor]) -> None:
         for param, grad in zip(self.module.parameters(), grads):
             param.grad = grad
         await self._computing(self.optimizer.step)
         self._mark("applied")
-        return loss
 
-    async def _compute_attempt(self, step: int, attempt: int) -> tuple[float | None, list[torch.Tensor]]:
-        """Forward, backward and the group all-reduce of one attempt; returns the loss and the averaged grads."""
+    async def _roll_back(self, before: StageState) -> None:
+        """Puts back the state of before a step applied ahead of the plan's decision, and drops what ran ahead."""
+        await self._drop_ahead()
+        before.apply(self.module, self.optimizer)
+        self.rollbacks += 1
+        logger.info(f"Step {before.step} was applied ahead of the plan's decision; put back")
+
+    async def _run_ahead(self, step: int) -> _Ahead:
+        """Attempt 0's passes of `step`, on the weights as they are now (a single stage: no frames)."""
+        clock = _Clock()
+        _CLOCK.set(clock)  # this task's own
+        weights = tuple(param._version for param in self.module.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        async with asyncio.TaskGroup() as sends:  # none: a single stage has no neighbours
+            loss = await self._passes(step, 0, sends)
+        grads = self._grads()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _Ahead(step=step, loss=loss, grads=grads, weights=weights, clock=clock)
+
+    async def _take_ahead(self, step: int, attempt: int) -> _Ahead | None:
+        """The passes computed ahead for this attempt, once they are done; None when there are none, or they are
+        for another step or attempt, failed, or ran on weights that have changed since."""
+        task, self._ahead = self._ahead, None
+        if task is None:
+            return None
+        await asyncio.wait({task})
+        if task.cancelled() or task.exception() is not None:
+            logger.debug(f"Passes computed ahead for step {step} are lost: "
+                         f"{'cancelled' if task.cancelled() else repr(task.exception())}")
+            return None
+        precomputed = task.result()
+        weights = tuple(param._version for param in self.module.parameters())
+        return precomputed if (precomputed.step, attempt, precomputed.weights) == (step, 0, weights) else None
+
+    async def _drop_ahead(self) -> None:
+        task, self._ahead = self._ahead, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
+
+    async def _compute_attempt(self, step: int, attempt: int, precomputed: _Ahead | None
+                               ) -> tuple[float | None, list[torch.Tensor]]:
+        """Forward, backward (unless `precomputed`) and the group all-reduce of one attempt; returns the loss and
+        the averaged grads."""
         try:
             async with asyncio.TaskGroup() as sends:  # a failed send cancels the rest, the all-reduce included
-                loss = await self._passes(step, attempt, sends)
-                self._mark("backward")
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.module.parameters()]
+                if precomputed is None:
+                    loss = await self._passes(step, attempt, sends)
+                    self._mark("backward")
+                    grads = self._grads()
+                else:
+                    loss, grads = precomputed.loss, precomputed.grads
                 await self._waiting(self.group.average(grads, step=step, attempt=attempt))
                 self._mark("all-reduced")
         except* StageError as failures:
@@ -317,7 +441,7 @@ class StageWorker:
                 torch.cuda.synchronize(self.device)
             return result
 
-        started = time.perf_counter()
+        started, clock = time.perf_counter(), _CLOCK.get()
         running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
             result = await asyncio.shield(running)
@@ -328,17 +452,17 @@ class StageWorker:
             await asyncio.wait({running})
             raise
         finally:
-            self._compute_s += time.perf_counter() - started
+            clock.compute_s += time.perf_counter() - started
 
     def _mark(self, event: str) -> None:
-        self._timeline.append((event, time.perf_counter()))
+        _CLOCK.get().timeline.append((event, time.perf_counter()))
 
     async def _waiting(self, awaitable):
-        started = time.perf_counter()
+        started, clock = time.perf_counter(), _CLOCK.get()
         try:
             return await awaitable
         finally:
-            self._wait_s += time.perf_counter() - started
+            clock.wait_s += time.perf_counter() - started
 
 
 async def start_stage(

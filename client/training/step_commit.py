@@ -6,7 +6,9 @@ peer casts an immutable vote for (step, attempt): success, or failure (a refused
 silent neighbour, a partial all-reduce). The decision is a pure function of the votes:
 
   * some vote is a failure      -> abort: gradients zeroed, no optimizer step, retry as attempt + 1;
-  * every member voted success  -> commit: apply the averaged gradients, go to the next step;
+  * every member voted success  -> commit: apply the averaged gradients, go to the next step (a single stage has
+                                    applied them already, on its own success, and puts them back on an abort:
+                                    client/training/stage_worker.py);
   * otherwise                   -> undecided: keep asking.
 
 A vote never changes once cast, so two peers can never decide differently: one that commits has seen every

@@ -356,7 +356,7 @@ class Trainer:
         while max_steps is None or step < max_steps:
             self._step = step
             try:
-                report = await worker.run_step(step)
+                report = await worker.run_step(step, ahead=max_steps is None or step + 1 < max_steps)
             except CommitUnknown as e:
                 logger.warning(f"Step {step}: {e}; waiting for a new assignment")
                 self._report_trouble(assignment, step, "stalled", e, worker)

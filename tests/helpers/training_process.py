@@ -43,6 +43,9 @@ class Fault(enum.Enum):
     """The frame is never sent, but the send reports success: the receiver's neighbour is silent."""
     ONE_SIDED_PARTIAL_ALLREDUCE = enum.auto()
     """The all-reduce completes, but this member alone reports it partial."""
+    LATE_FAILURE = enum.auto()
+    """The all-reduce completes, and this member reports it partial a second later: the others have voted success by
+    then (and a single stage has applied the step ahead of the decision)."""
     REPLICA_DIVERGES = enum.auto()
     """Right after its optimizer step, this replica's parameters are perturbed (a silent corruption); choose a
     step after which replicas are checked."""
@@ -89,10 +92,12 @@ class FaultyNeighbourStreams(NeighbourStreams):
 
 class FaultyStageGroup(StageGroup):
     fault_step: int
+    delay_s: float
 
     async def average(self, tensors, *, step: int, attempt: int = 0) -> None:
         await super().average(tensors, step=step, attempt=attempt)
         if (step, attempt) == (self.fault_step, 0):
+            await asyncio.sleep(self.delay_s)
             raise PartialAllReduce(f"fault: all-reduce of step {step} reported partial on this member only")
 
 
@@ -123,6 +128,8 @@ class TrainJob:
     """(step, micro_batch) of the fault."""
     save_final_state: bool = False
     """Also save the parameters after the last step, by global parameter name."""
+    run_ahead: bool = True
+    """Let a single stage compute the next step while the plan votes (client/training/stage_worker.py)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -151,8 +158,9 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
     results: dict = {"peer_id": me, "stage": job.assignment.roles[me].stage,
                      "replica": job.assignment.roles[me].replica}
     try:
-        for step in range(job.assignment.step, job.assignment.step + job.steps):
-            reports.append(await worker.run_step(step))
+        last = job.assignment.step + job.steps - 1
+        for step in range(job.assignment.step, last + 1):
+            reports.append(await worker.run_step(step, ahead=job.run_ahead and step < last))
             logger.info(f"step {step}: {reports[-1]}")
             if job.save_first_grads and len(reports) == 1:
                 results["first_grads"] = {name: param.grad.detach().cpu().clone()
@@ -175,9 +183,10 @@ def _inject(worker, job: TrainJob) -> None:
     if job.fault in (Fault.ANSWER_LOST, Fault.SEND_FAILS_AFTER_DELIVERY, Fault.FRAME_DROPPED):
         worker.streams.__class__ = FaultyNeighbourStreams
         worker.streams.fault, worker.streams.fault_at = job.fault, job.fault_at
-    elif job.fault is Fault.ONE_SIDED_PARTIAL_ALLREDUCE:
+    elif job.fault in (Fault.ONE_SIDED_PARTIAL_ALLREDUCE, Fault.LATE_FAILURE):
         worker.group.__class__ = FaultyStageGroup
         worker.group.fault_step = job.fault_at[0]
+        worker.group.delay_s = 1.0 if job.fault is Fault.LATE_FAILURE else 0.0
     elif job.fault is Fault.REPLICA_DIVERGES:  # corrupt right after the optimizer step, before the replica check
         optimizer_step = worker.optimizer.step
 
