@@ -263,6 +263,9 @@ class StageWorker:
         self.streams.advance_to(step, attempt)
         self.optimizer.zero_grad(set_to_none=True)
         key = (step, attempt)
+        capture = None  # a copy of the state before the step, to put it back; taken while the passes only read it
+        if ahead and self.d_pp == 1 and not self._checks_replicas_after(step, attempt):
+            capture = asyncio.ensure_future(asyncio.to_thread(StageState.capture, self.module, self.optimizer, step))
         body = asyncio.create_task(self._compute_attempt(step, attempt, precomputed))
         failed_elsewhere = asyncio.create_task(self.board.wait_failed(key))
         try:
@@ -284,8 +287,10 @@ class StageWorker:
                 self.on_failure(error)
         loss, grads = body.result() if succeeded else (None, [])
         before = None
-        if succeeded and ahead and self.d_pp == 1 and not self._checks_replicas_after(step, attempt):
-            before = await asyncio.to_thread(StageState.capture, self.module, self.optimizer, step)
+        if capture is not None and not succeeded:
+            capture.cancel()
+        elif capture is not None:  # apply now, and compute the next step while the plan votes
+            before = await capture
             await self._apply(grads)
             self._ahead = asyncio.create_task(self._run_ahead(step + 1))
         try:
