@@ -1,8 +1,9 @@
 """Clients train their stage when given an assignment, publish progress, and keep their weights across versions.
 
-Four `hetswarm join --coordinator ID` processes (2 stages × 2 replicas of the tiny model) on 127.0.0.1; this test
-is their pinned coordinator: its own DHT node signs and publishes hand-made Assignments with the key the clients
-pinned, and reads the Progress records they publish. Version 2 arrives mid-training with the same roles: the
+Four `hetswarm join --coordinator ID` processes (2 stages × 2 replicas of the tiny model) on 127.0.0.1, and two
+(a single stage × 2 replicas: each computes the next step while the plan votes, client/training/stage_worker.py);
+this test is their pinned coordinator: its own DHT node signs and publishes hand-made Assignments with the key the
+clients pinned, and reads the Progress records they publish. Version 2 arrives mid-training with the same roles: the
 clients switch, carry their weights and optimizer state over, and go on from the step it names.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tests.helpers.dht_nodes import start_node
 
 SWARM = "trainertest"
 TINY = get_model_config("tiny")
-D_PP, D_DP = 2, 2
+SHAPES = {"2x2": (2, 2), "1x2": (1, 2)}
+"""Stages × replicas of the runs."""
 MAX_STEPS = 40
 """Room for the switch: on a fast machine a plan trains many steps while the test reads the records once."""
 SWITCH_AFTER_STEP = 3
@@ -33,9 +35,10 @@ pytestmark = pytest.mark.timeout(240)
 def make_assignment(pipelines: list[list[str]], coordinator_id: str, *, version: int, step: int) -> Assignment:
     """Version 1 starts from the seed; later ones from the state the peers hold at `step` (as a coordinator's)."""
     everyone = sorted(peer for chain in pipelines for peer in chain)
+    d_pp = len(pipelines[0])
     return Assignment(
-        coordinator_id=coordinator_id, version=version, model=TINY.to_dict(), d_pp=D_PP, d_dp=D_DP,
-        stage_layers=[list(bounds) for bounds in TINY.stage_layers(D_PP)],
+        coordinator_id=coordinator_id, version=version, model=TINY.to_dict(), d_pp=d_pp, d_dp=len(pipelines),
+        stage_layers=[list(bounds) for bounds in TINY.stage_layers(d_pp)],
         roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
         pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=TINY.micro_batches, step=step,
         reason="test", issued_at=get_dht_time(), handoff=Handoff(sources=everyone) if step > 0 else None,
@@ -56,20 +59,21 @@ def reached(version: int, step: int, peers: list[str]):
     return lambda seen: all(any(k[0] == p and k[1] == version and k[2] >= step for k in seen) for p in peers)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=list(SHAPES))
+def run(tmp_path_factory, request) -> dict:
+    d_pp, d_dp = SHAPES[request.param]
     tmp = tmp_path_factory.mktemp("trainer")
     with LocalSwarm(SWARM, workdir=tmp) as swarm:
         swarm.start_bootstrap()
         coordinator, key = start_node(SWARM, tmp / "coordinator.key", [swarm.initial_peers])
         try:
             coordinator_id = peer_id_of(key.get_public_key())
-            names = [f"peer{i}" for i in range(D_PP * D_DP)]
+            names = [f"peer{i}" for i in range(d_pp * d_dp)]
             ids = [peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()) for name in names]
             for name in names:
                 swarm.start_client(name, "--coordinator", coordinator_id, "--max-steps", str(MAX_STEPS), "--seed", "3",
                                    "--torch-threads", "1", "--ttl", "20")
-            pipelines = [ids[r * D_PP:(r + 1) * D_PP] for r in range(D_DP)]
+            pipelines = [ids[r * d_pp:(r + 1) * d_pp] for r in range(d_dp)]
 
             def announce(version: int, step: int) -> None:
                 assignment = make_assignment(pipelines, coordinator_id, version=version, step=step)
