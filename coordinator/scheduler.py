@@ -63,6 +63,7 @@ def find_plan(
         InvalidPlanShape: D_DP · D_PP is not the number of devices.
         NoFeasiblePlan: a device of `hardware` has no TFLOPS.
     """
+    started = time.monotonic()
     model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
     seeds = seed_partitions(model)
     if hardware is None:
@@ -74,8 +75,12 @@ def find_plan(
                for option in execution_options(hardware.model, d_dp)]
     choosing = time.monotonic()
     if (live := _best_seeded(options, seeds)) is not None:
-        spent = time.monotonic() - choosing  # counts against the budget, as the search's own seeding does
-        config = replace(config, time_budget_s=max(config.time_budget_s - spent, config.time_budget_s / 10))
+        # The whole plan is made within the budget: what was spent so far, and pricing the partition found every way
+        # after the search (`_way_for_found`: about as long as one seed took; twice that, for its spread and the
+        # search's last move), are taken from the search's share.
+        seeded = time.monotonic()
+        left = config.time_budget_s - (seeded - started) - 2 * (seeded - choosing) / len(seeds)
+        config = replace(config, time_budget_s=max(left, config.time_budget_s / 10))
         result = search(live, config, classes=live.classes, seeds=seeds, progress=progress)
     else:
         too_big: list[np.ndarray] = []  # what the options that did not fit need

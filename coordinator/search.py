@@ -30,7 +30,8 @@ class SearchConfig:
     generation or stall limit rather than on the time budget, which is a safety bound."""
 
     time_budget_s: float = 5.0
-    """Wall-clock budget; the search returns its best plan when it runs out."""
+    """Wall-clock budget; the search returns its best plan when it runs out. With hardware, `find_plan` makes the
+    whole plan within it (coordinator/scheduler.py)."""
     seed: int = 0
     population: int = 12
     """Local optima kept: the structured seeds, `random_starts` random partitions, then mutated seeds."""
