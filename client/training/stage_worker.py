@@ -292,6 +292,7 @@ class StageWorker:
         elif capture is not None:  # apply now, and compute the next step while the plan votes
             before = await capture
             await self._apply(grads)
+            grads.clear()  # applied: let them go before the next step's passes make new ones
             self._ahead = asyncio.create_task(self._run_ahead(step + 1))
         try:
             committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
