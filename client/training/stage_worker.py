@@ -287,13 +287,10 @@ class StageWorker:
                 self.on_failure(error)
         loss, grads = body.result() if succeeded else (None, [])
         before = None
-        if capture is not None and not succeeded:
+        if capture is not None and succeeded:
+            before = await self._apply_ahead(step, capture, grads)
+        elif capture is not None:
             capture.cancel()
-        elif capture is not None:  # apply now, and compute the next step while the plan votes
-            before = await capture
-            await self._apply(grads)
-            grads.clear()  # applied: let them go before the next step's passes make new ones
-            self._ahead = asyncio.create_task(self._run_ahead(step + 1))
         try:
             committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
         except BaseException:  # the outcome is unknown (or we are cancelled): this peer must not have applied it
@@ -318,6 +315,20 @@ class StageWorker:
             param.grad = grad
         await self._computing(self.optimizer.step)
         self._mark("applied")
+
+    async def _apply_ahead(self, step: int, capture: asyncio.Future[StageState], grads: list[torch.Tensor]
+                           ) -> StageState | None:
+        """Applies the step before the plan's decision and starts computing the next one; returns the state that puts
+        it back, or None (nothing applied: the step waits for the decision) when that state could not be copied."""
+        try:
+            before = await capture
+        except Exception as e:
+            logger.warning(f"Could not copy the state before step {step}, so it is not applied ahead: {e!r}")
+            return None
+        await self._apply(grads)
+        grads.clear()  # applied: let them go before the next step's passes make new ones
+        self._ahead = asyncio.create_task(self._run_ahead(step + 1))
+        return before
 
     async def _roll_back(self, before: StageState) -> None:
         """Puts back the state of before a step applied ahead of the plan's decision, and drops what ran ahead."""
