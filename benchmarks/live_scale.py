@@ -101,7 +101,11 @@ def geo_rows(specs: list[str], args: argparse.Namespace) -> None:
         "The scheduler benchmark's geo-distributed swarm, each device with a card drawn from the volunteer-mix "
         f"scenario's; paper-gpt3-xl, {args.stages} stages. Predicted step seconds (live model). The longer run "
         "searches as many times as long (in brackets) from the same seed. Random placements run the first way "
-        "they fit with the even cut, as the coordinator runs them.",
+        "they fit with the even cut, as the coordinator runs them. The wall time is the whole plan's "
+        "(coordinator/scheduler.py `find_plan`). The search columns price what the search optimises, every hop at "
+        "its boundary's slowest pipeline's (coordinator/live_objective.py), which bounds the plan's price as "
+        "deployed from above, while random placements are priced as deployed: the gains vs random are at least "
+        "those shown.",
         "",
         *table(rows, args),
         "",
