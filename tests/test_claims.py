@@ -8,8 +8,8 @@ import pytest
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.protocol.records import Progress
+from tests.helpers.plans import plan
 from tests.helpers.swarm_records import record
-from tests.test_coordinator_restart import plan
 
 
 def _reports(assignment, seconds: dict[str, float], step: int) -> dict[str, Progress]:

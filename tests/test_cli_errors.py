@@ -49,6 +49,7 @@ def test_bad_input_raises_one_expected_error_and_prints_nothing_else(args, messa
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.swarm
 def test_real_entry_point_prints_one_error_line_and_exits_1():
     result = subprocess.run(hetswarm_command("join", "--initial-peers", "garbage"), capture_output=True, text=True,
                             timeout=90, stdin=subprocess.DEVNULL)

@@ -27,6 +27,7 @@ def test_an_option_set_by_its_environment_variable_takes_effect(hetswarm_logger_
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.swarm
 def test_json_log_format_parses_line_by_line(tmp_path):
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     env = dict(os.environ, HETSWARM_LOG_FORMAT="json", HIVEMIND_LOGLEVEL="DEBUG", PYTHONUNBUFFERED="1")

@@ -20,8 +20,12 @@ import torch
 
 from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.wire_format import WireFormat
+from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
+from tests.helpers.golden_runs import states
+from tests.helpers.tiny_training import D_DP, D_PP, TINY
 from tests.helpers.training_process import Fault
-from tests.test_step_faults import D_DP, D_PP, FAULT_STEP, FP32, STEPS, TINY, _run_swarm
+
+pytestmark = pytest.mark.swarm
 
 EIGHT_BIT = WireFormat.uniform("8bit")
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
@@ -42,7 +46,7 @@ def _run(tmp: Path, identities: Path, fault: Fault, wire: WireFormat, data_perio
     tmp.mkdir(exist_ok=True)
     for key in identities.glob("peer*.key"):
         shutil.copy(key, tmp / key.name)
-    return _run_swarm(tmp, fault, wire, replace(TINY, data_period=data_period))
+    return run_with_fault(tmp, fault, wire, replace(TINY, data_period=data_period))
 
 
 def _assert_replicas_identical(results: list[dict]) -> None:
@@ -93,9 +97,9 @@ def test_activation_deltas_after_the_first_pass_and_a_retried_delta_step_equals_
 
 
 @pytest.mark.timeout(300)
-def test_8bit_training_stays_near_fp32(tmp_path, identities, fault_free):
-    exact = _run(tmp_path, identities, Fault.NONE, FP32)
-    for result, reference in zip(fault_free, exact):
+def test_8bit_training_stays_near_fp32(fault_free, golden_tiny):
+    """Against the same swarm with fp32 on the wire: the session's golden run (tests/helpers/golden_runs.py)."""
+    for result, reference in zip(fault_free, states(golden_tiny, STEPS)):
         for name, value in result["final_state"].items():
-            moved = float((reference["final_state"][name] - value).abs().max())
+            moved = float((reference[name] - value).abs().max())
             assert moved < 2e-2, f"{name} is {moved:.2g} from the fp32 run's"  # AdamW's steps are ~lr = 3e-3

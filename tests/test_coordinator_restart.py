@@ -12,7 +12,6 @@ identity. It publishes a higher version with the same roles, from the step the c
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
@@ -25,8 +24,7 @@ from hetswarm.client.cli import app
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
-from hetswarm.coordinator.broadcaster import build_assignment
-from hetswarm.coordinator.planner import PlannerConfig, Proposal, Replanner, propose
+from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
     load_state,
@@ -36,40 +34,21 @@ from hetswarm.coordinator.run_state import (
     state_path_for,
 )
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.limits import MAX_STEP
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment, Health, PeerRecord, Progress
+from hetswarm.protocol.records import Assignment, Health, Progress
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.swarm_records import IDS, link, record
+from tests.helpers.plans import COORDINATOR, PEERS, measured_records, plan
+from tests.helpers.swarm_records import IDS
 from tests.helpers.waiting import wait_until
 
 TINY = get_model_config("tiny")
 SEARCH = SearchConfig(time_budget_s=0.5)
-COORDINATOR = IDS[9]
-PEERS = IDS[:4]
 STRANGER = IDS[8]
-
-
-def measured_records(peers: list[str], *, following: int | None = None) -> dict[str, PeerRecord]:
-    """Ready peers with every link measured (10 ms, 1 Gbit/s); `following`: the version each says it follows."""
-    return {p: record(p, links={q: link(10.0, 1000.0) for q in peers if q > p}).copy(
-        update={"assignment_version": following}) for p in peers}
-
-
-@functools.cache
-def scheduled(d_dp: int, d_pp: int) -> Proposal:
-    return propose(build_view(measured_records(PEERS)), PlannerConfig(model=TINY, d_dp=d_dp, d_pp=d_pp, search=SEARCH))
-
-
-def plan(version: int = 7, step: int = 5, *, d_dp: int = 2, d_pp: int = 2) -> Assignment:
-    """An assignment of PEERS as the coordinator would publish it."""
-    return build_assignment(scheduled(d_dp, d_pp), coordinator_id=COORDINATOR, version=version, reason="test",
-                            step=step)
 
 
 def progress(peer: str, *, version: int, step: int, health: Health = "training") -> Progress:
@@ -219,7 +198,7 @@ def read(dht, field: str) -> dict:
 def restart(tmp_path_factory) -> dict:
     """Runs the scenario once; the tests below read what it saw."""
     tmp = tmp_path_factory.mktemp("restart")
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         ids = {name: peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()) for name in CLIENTS}
         first = swarm.start_coordinator("coordinator", *COORDINATOR_ARGS)
         coordinator_id = swarm.coordinator_id
@@ -269,12 +248,14 @@ def restart(tmp_path_factory) -> dict:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.swarm
 def test_a_restarted_coordinator_publishes_a_higher_version_that_the_clients_follow(restart):
     assert restart["after"].version > restart["before"].version
     assert restart["state"]["version"] >= restart["after"].version  # and keeps counting in its state file
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.swarm
 def test_a_restarted_coordinator_goes_on_from_the_last_committed_step_with_the_same_roles(restart):
     before, after = restart["before"], restart["after"]
     assert after.step > restart["last_step_before"] >= STEPS_BEFORE_KILL  # not from 0

@@ -29,7 +29,7 @@ SWARM = "coordtest"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "ohio": "Ohio", "tokyo": "Tokyo", "seoul": "Seoul",
          "london": "London", "frankfurt": "Frankfurt", "ireland": "Ireland"}  # 3 regions, 2+ sites each
 TTL_S, DEBOUNCE_S, SEED, PP = 10.0, 3.0, 0, 4
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(400)]
 
 
 def client_args(site: str, coordinator_id: str) -> list[str]:
@@ -54,7 +54,7 @@ def roles_in(assignment: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    with LocalSwarm(SWARM, workdir=tmp_path_factory.mktemp("coordinator")) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp_path_factory.mktemp("coordinator"), preimported=True) as swarm:
         swarm.start_coordinator("coordinator", "--model", "tiny", "--pp", str(PP), "--dp", "auto", "--min-peers",
                                 str(len(SITES)), "--debounce", str(DEBOUNCE_S), "--ttl", str(TTL_S), "--seed",
                                 str(SEED), "--time-budget", "5", "--reconsider", "20", "--payback-steps", "0",

@@ -17,6 +17,8 @@ import pytest
 
 from hetswarm.client.local.swarm import hetswarm_command
 
+pytestmark = pytest.mark.swarm
+
 
 class Descendants:
     """Every process that was ever below `pid`, sampled until stopped."""

@@ -14,9 +14,9 @@ from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD, MAX_RECORD_BYTES
 from hetswarm.protocol.record_store import SwarmRecords, encode_record
 from hetswarm.protocol.records import LinkMeasurement, PeerRecord
 from tests.helpers.dht_nodes import dht_pair
-from tests.test_protocol_security import make_record
+from tests.helpers.swarm_records import make_record
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(180)]
 SWARM = "bigvalues"
 STORES = 30
 BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"

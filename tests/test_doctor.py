@@ -1,7 +1,7 @@
 """`hetswarm doctor`: one verdict line per check, exit code 0 on a healthy swarm and 1 when a check fails.
 
-Run as a user runs it, a separate process, against a bootstrap node and one `hetswarm join` on 127.0.0.1, and
-against an initial peer that does not exist; a bad multiaddr is refused in-process before anything starts.
+Run as a user runs it, a separate process, against the observed swarm on 127.0.0.1 (tests/helpers/shared_swarm.py:
+a coordinator and two `hetswarm join` clients), and against an initial peer that does not exist; a bad multiaddr is refused in-process before anything starts.
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
 from hetswarm.client.cli.doctor import gpu_cache_check
-from hetswarm.client.local.swarm import LocalSwarm, hetswarm_command
+from hetswarm.client.local.swarm import hetswarm_command
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.hardware import probe_hardware
 from hetswarm.protocol.errors import HetswarmError
+from tests.helpers.shared_swarm import ObservedSwarm
 
 CHECKS = ["p2p daemon", "bootstrap peers", "swarm records", "reachability", "clock", "GPU probe cache", "versions"]
 LINE = re.compile(r"^(ok|warn|FAIL|skip) +(p2p daemon|bootstrap peers|swarm records|reachability|clock|"
@@ -42,28 +43,22 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def swarm(tmp_path_factory):
-    with LocalSwarm("doctortest", workdir=tmp_path_factory.mktemp("swarm")) as swarm:
-        swarm.start_bootstrap()
-        swarm.start_client("alice")
-        swarm.poll(lambda s: s["counts"]["peers"] == 1, timeout_s=90)
-        yield swarm
-
-
 @pytest.mark.timeout(180)
-def test_against_a_live_swarm_every_check_passes_or_warns(swarm):
+@pytest.mark.swarm
+def test_against_a_live_swarm_every_check_passes_or_warns(observed_swarm: ObservedSwarm):
+    swarm = observed_swarm.swarm
     result, verdicts, took_s = run_doctor("--initial-peers", swarm.initial_peers, "--swarm", swarm.swarm,
                                           timeout_s=120)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert list(verdicts) == CHECKS, result.stdout
     assert "FAIL" not in verdicts.values() and "skip" not in verdicts.values(), result.stdout
     for check in ("p2p daemon", "bootstrap peers", "swarm records", "reachability", "clock"):
-        assert verdicts[check] == "ok", result.stdout  # alice is in view: she dials back and tells her time
+        assert verdicts[check] == "ok", result.stdout  # its clients are in view: they dial back and tell their time
     assert took_s < 90
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.swarm
 def test_a_dead_initial_peer_fails_the_bootstrap_check_fast():
     dead = f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{MADE_UP_PEER}"
     result, verdicts, took_s = run_doctor("--initial-peers", dead, "--timeout", "5", timeout_s=90)

@@ -44,6 +44,7 @@ def work(seconds: float) -> str:
     return "done"
 
 
+@pytest.mark.timing
 def test_a_computation_takes_as_long_as_its_flops_on_the_emulated_device_however_busy_this_one_is():
     assert 0.3 <= computed_s(1e-3, 0.05) < 0.3 + 0.1  # 1 GFLOPS: padded to the device's 0.3 s, not 0.05 s × some factor
     assert 0.4 <= computed_s(1e-3, 0.4) < 0.4 + 0.1  # this machine was slower still: nothing added

@@ -24,6 +24,7 @@ def test_site_links_follow_the_scenario_table_and_scale_bandwidth(links):
     assert len(links.sites) == 8
 
 
+@pytest.mark.timing
 def test_messages_queue_for_the_link_and_pay_latency_once_each(links):
     sites = {"tokyo-peer": "Tokyo", "london-peer": "London"}
 

@@ -23,6 +23,8 @@ from hetswarm.coordinator.cost_model import PaperCostModel
 from hetswarm.coordinator.network import SCENARIOS
 from hetswarm.protocol.model_config import get_model_config
 
+pytestmark = pytest.mark.swarm
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 HEAVY_MODULES = ("torch", "hivemind", "pydantic")
 """What plan_network.py must not import: the scheduler is meant to run where no GPU stack is installed."""
@@ -113,7 +115,7 @@ def test_two_stages_trained_by_hand_match_the_single_process_reference():
 @pytest.mark.timeout(120)
 def test_watch_swarm_sees_the_clients_of_a_local_swarm(tmp_path):
     names = ["alice", "bob"]
-    swarm = LocalSwarm("examples", workdir=tmp_path)
+    swarm = LocalSwarm("examples", workdir=tmp_path, preimported=True)
     try:
         swarm.start_bootstrap(timeout_s=40)
         for name in names:

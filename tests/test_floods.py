@@ -16,7 +16,7 @@ from hetswarm.client.training.state_handoff import StateServer, StateStore
 from tests.helpers.p2p_nodes import connected_p2ps
 
 NAMESPACE = "flood.probe"
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(60)]
 
 
 async def _serve(p2p: P2P, in_view: set[str]) -> ProbeServicer:

@@ -13,6 +13,8 @@ from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.group_allreduce import StageGroup
 from tests.helpers.p2p_nodes import connected_p2ps
 
+pytestmark = pytest.mark.swarm
+
 SHAPES = [(40, 16), (16,), (7, 3, 5), (300,)]  # several tensors, as a stage's parameters are
 PROMPT = {"sender_timeout_s": 1.0, "reducer_timeout_s": 2.0}
 """Timeouts for rounds in which a member is meant to fail or be left out: short, so the test ends soon."""

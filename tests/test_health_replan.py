@@ -112,7 +112,7 @@ def read(dht, field: str) -> dict:
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("health")
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         swarm.start_coordinator("coordinator", *COORDINATOR_ARGS)
         clients = {name: swarm.start_client(name, "--coordinator", swarm.coordinator_id, "--ttl", str(CLIENT_TTL_S),
                                             "--torch-threads", "1") for name in CLIENTS}
@@ -152,6 +152,7 @@ def killed(tmp_path_factory) -> dict:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.swarm
 def test_a_peer_that_a_neighbour_cannot_reach_is_planned_out_before_its_record_expires(killed):
     after, victim = killed["after"], killed["victim"]
     assert victim not in after.roles and len(after.roles) == 2  # the standby took its place
@@ -162,6 +163,7 @@ def test_a_peer_that_a_neighbour_cannot_reach_is_planned_out_before_its_record_e
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.swarm
 def test_training_goes_on_from_the_last_committed_step_within_fifteen_seconds(killed):
     after = killed["after"]
     assert after.step > killed["last_step"]  # the last committed step, not 0

@@ -22,8 +22,8 @@ from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_TTL_S, MAX_STEP
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
-from tests.helpers.dht_nodes import dht_pair, start_node
-from tests.test_protocol_security import make_record, peers_seen_by, store_raw
+from tests.helpers.dht_nodes import dht_pair, peers_seen_by, start_node, store_raw
+from tests.helpers.swarm_records import make_record
 
 SWARM = "sectest"
 pytestmark = pytest.mark.timeout(180)
@@ -43,6 +43,7 @@ IMPLAUSIBLE = {
 }
 
 
+@pytest.mark.swarm
 def test_records_with_implausible_figures_are_refused_by_every_node(tmp_path):
     with dht_pair(SWARM, tmp_path) as ((dht_a, key_a), (dht_b, key_b)):
         id_a, id_b = peer_id_of(key_a.get_public_key()), peer_id_of(key_b.get_public_key())
@@ -53,14 +54,15 @@ def test_records_with_implausible_figures_are_refused_by_every_node(tmp_path):
             for what, spoil in IMPLAUSIBLE.items():
                 value = encode_record(make_record(id_b, name="attacker"))
                 spoil(value)
-                accepted[what] = await store_raw(dht_b, value, owner_subkey(key_b))
-            return accepted, await peers_seen_by(dht_a)
+                accepted[what] = await store_raw(dht_b, SWARM, value, owner_subkey(key_b))
+            return accepted, await peers_seen_by(dht_a, SWARM)
 
         accepted, seen = asyncio.run(scenario())
         assert not any(accepted.values()), accepted
         assert set(seen) == {id_a}  # the honest record stays, no attacker's record got in
 
 
+@pytest.mark.swarm
 def test_a_record_can_neither_outlive_the_cap_nor_come_from_the_future(tmp_path):
     with dht_pair(SWARM, tmp_path) as ((dht_a, _), (dht_b, key_b)):
         id_b = peer_id_of(key_b.get_public_key())
@@ -75,13 +77,14 @@ def test_a_record_can_neither_outlive_the_cap_nor_come_from_the_future(tmp_path)
             future = await store(record | {"updated_at": get_dht_time() + 3600.0}, 30.0)
             stale = await store(record | {"updated_at": get_dht_time() - 2 * MAX_RECORD_TTL_S}, 30.0)
             fine = await store(record, MAX_RECORD_TTL_S)
-            return forever, future, stale, fine, await peers_seen_by(dht_a)
+            return forever, future, stale, fine, await peers_seen_by(dht_a, SWARM)
 
         forever, future, stale, fine, seen = asyncio.run(scenario())
         assert not forever and not future and not stale
         assert fine and set(seen) == {id_b}
 
 
+@pytest.mark.swarm
 def test_a_reader_takes_a_bounded_number_of_records_the_plans_peers_first(tmp_path):
     """A Sybil flood in small: 6 identities (each its own node, as each signs its own record) publish; a reader
     that takes 3 keeps the 2 planned peers among them."""
@@ -145,6 +148,7 @@ def test_an_allow_list_names_its_bad_lines_and_a_closed_swarm_needs_a_way_in(tmp
         Admission(swarm=SWARM, closed=True)
 
 
+@pytest.mark.swarm
 def test_the_token_command_prints_a_token_that_verifies(tmp_path):
     key_path = tmp_path / "coordinator.key"
     volunteer = peer_id_of(load_identity(tmp_path / "volunteer.key").get_public_key())
@@ -158,6 +162,7 @@ def test_the_token_command_prints_a_token_that_verifies(tmp_path):
     assert refused.returncode != 0 and "not a peer id" in refused.stderr
 
 
+@pytest.mark.swarm
 def test_a_coordinator_round_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, caplog):
     """Whatever one read brings, the coordinator's loop outlives it: here its replanner fails on the first round."""
     node, key = start_node(SWARM, tmp_path / "coordinator.key")

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,13 @@ from hetswarm.protocol.limits import MAX_STEP
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from hetswarm.protocol.records import Assignment, Progress
 from tests.helpers.dht_nodes import start_node
+from tests.helpers.golden_runs import losses
+from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
+from tests.helpers.swarm_records import make_record
+from tests.helpers.tiny_training import D_DP, D_PP, SEED
 from tests.helpers.waiting import wait_until
-from tests.test_protocol_security import make_record
-from tests.test_state_survives import _STEP_LOSS, _fault_free_run, model_file
-from tests.test_training_correctness import D_DP, D_PP, SEED
+
+pytestmark = pytest.mark.swarm
 
 SWARM = "hostile"
 STEPS = 16
@@ -53,13 +55,13 @@ def _liar_cache(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory) -> dict:
+def attacked(tmp_path_factory, golden_swarm) -> dict:
     tmp = tmp_path_factory.mktemp("hostile")
     found: dict = {}
     coordinator_key = load_identity(tmp / "coordinator.key")
     ids = {name: peer_id_of(load_identity(tmp / f"{name}.key").get_public_key())
            for name in [*HONEST, "liar", "intruder"]}
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         coordinator = swarm.start_coordinator(
             "coordinator", "--model", str(model_file(tmp)), "--closed", "--min-peers", "5", "--dp", str(D_DP),
             "--pp", str(D_PP), "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1",
@@ -72,7 +74,7 @@ def attacked(tmp_path_factory) -> dict:
                                              issue_token(coordinator_key, SWARM, ids["liar"]),
                                              env=_liar_cache(tmp / "liar-cache"))
         clients["intruder"] = swarm.start_client("intruder", *common)
-        via = clients["peer0"].wait_for(re.compile(r"Others can join with: --initial-peers (\S+)"), 120).group(1)
+        via = clients["peer0"].wait_for(JOINED, 120).group(1)
         attacker, attacker_key = start_node(SWARM, tmp / "attacker.key", [via])
         try:
             records = SwarmRecords(attacker, SWARM, private_key=attacker_key)
@@ -86,12 +88,12 @@ def attacked(tmp_path_factory) -> dict:
             found["alive"] = {name: client.process.poll() is None for name, client in clients.items()}
             found["coordinator_alive"] = coordinator.process.poll() is None
             found["coordinator_log"] = coordinator.output()
-            found["losses"] = _logged_losses(tmp)
+            found["losses"] = logged_losses(tmp.glob("*.log"))
             found["remembered_step"] = json.loads((tmp / "coordinator.key.state.json").read_text())["step"]
         finally:
             attacker.shutdown()
     found["ids"] = ids
-    found["baseline"] = _fault_free_run(tmp_path_factory.mktemp("baseline"), STEPS)["losses"]
+    found["baseline"] = losses(golden_swarm, STEPS)
     return found
 
 
@@ -132,14 +134,6 @@ def _members_done(records: SwarmRecords, coordinator: str) -> bool:
     return plan is not None and all(
         p in progress and progress[p].assignment_version == plan.version and progress[p].step >= STEPS - 1
         for p in plan.roles)
-
-
-def _logged_losses(tmp: Path) -> dict[int, list[float]]:
-    found: dict[int, list[float]] = {}
-    for log in sorted(tmp.glob("*.log")):
-        for step, loss in _STEP_LOSS.findall(log.read_text(errors="replace")):
-            found.setdefault(int(step), []).append(float(loss))
-    return found
 
 
 @pytest.mark.timeout(900)

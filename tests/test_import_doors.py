@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {"protocol": "hetswarm.protocol", "coordinator": "hetswarm.coordinator", "client": "hetswarm.client"}
 
@@ -78,10 +80,12 @@ def _probe(heavy: list[str], modules: list[str], command: list[str] = ()) -> str
     return probed["output"]
 
 
+@pytest.mark.swarm
 def test_scheduler_imports_without_hivemind_torch_or_pydantic():
     _probe(HEAVY_PACKAGES, SCHEDULER_MODULES)
 
 
+@pytest.mark.swarm
 def test_hetswarm_schedule_runs_without_hivemind_or_torch():
     """`hetswarm schedule` starts without them: a researcher plans on a laptop, and the command answers at once."""
     output = _probe(["hivemind", "torch"], [], ["schedule", "--scenario", "case1", "--time-budget", "0.2", "--json",

@@ -20,7 +20,7 @@ BANDWIDTH_SCALE = 0.05
 EMULATED = {"virginia": 0.001}
 """Clients that emulate a slower device, and its TFLOPS (below any CPU's)."""
 TTL_S = 10.0
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.swarm, pytest.mark.timing, pytest.mark.timeout(300)]
 
 
 def by_name(snapshot: dict) -> dict[str, dict]:
@@ -29,7 +29,7 @@ def by_name(snapshot: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    with LocalSwarm("jointest", workdir=tmp_path_factory.mktemp("swarm")) as swarm:
+    with LocalSwarm("jointest", workdir=tmp_path_factory.mktemp("swarm"), preimported=True) as swarm:
         swarm.start_bootstrap()
         for name, site in SITES.items():
             emulated = ("--emulate-tflops", str(EMULATED[name])) if name in EMULATED else ()

@@ -10,7 +10,6 @@ why. Every step's last logged loss, and so the model they trained, equals (1e-4)
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 
@@ -18,9 +17,12 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from tests.helpers.dht_nodes import start_node
+from tests.helpers.golden_runs import losses
+from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
+from tests.helpers.tiny_training import D_DP, D_PP, SEED
 from tests.helpers.waiting import wait_until
-from tests.test_state_survives import _STEP_LOSS, _fault_free_run, model_file
-from tests.test_training_correctness import D_DP, D_PP, SEED
+
+pytestmark = pytest.mark.swarm
 
 SWARM = "rollback"
 STEPS, CORRUPT, EVERY = 40, 18, 8
@@ -32,10 +34,10 @@ the coordinator's once-a-second look, and the clean checkpoints would be rotated
 
 
 @pytest.fixture(scope="module")
-def rolled_back(tmp_path_factory) -> dict:
+def rolled_back(tmp_path_factory, golden_swarm) -> dict:
     tmp = tmp_path_factory.mktemp("rollback")
     found: dict = {}
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         swarm.start_coordinator(
             "coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", "--dp", str(D_DP), "--pp", str(D_PP),
             "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600",
@@ -45,7 +47,7 @@ def rolled_back(tmp_path_factory) -> dict:
             str(SEED), "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt{i}"), "--emulate", "worldwide",
             "--site", SITES[i],
             env={"HETSWARM_TEST_CORRUPT_AFTER_STEP": str(CORRUPT)}) for i in range(4)]
-        via = clients[0].wait_for(re.compile(r"Others can join with: --initial-peers (\S+)"), 120).group(1)
+        via = clients[0].wait_for(JOINED, 120).group(1)
         observer, _ = start_node(SWARM, tmp / "observer.key", [via])
         try:
             records = SwarmRecords(observer, SWARM)
@@ -62,19 +64,9 @@ def rolled_back(tmp_path_factory) -> dict:
             found["rollback"], found["final"] = rollback, plan()
         finally:
             observer.shutdown()
-        found["losses"] = _last_losses(tmp)
+        found["losses"] = logged_losses(tmp.glob("peer*.log"), last_only=True)
         found["coordinator_log"] = (tmp / "coordinator.log").read_text(errors="replace")
-    found["baseline"] = _fault_free_run(tmp_path_factory.mktemp("baseline"), STEPS)["losses"]
-    return found
-
-
-def _last_losses(tmp) -> dict[int, list[float]]:
-    """Each last-stage client's last logged loss of every step (a step re-run after the rollback replaces it)."""
-    found: dict[int, list[float]] = {}
-    for log in sorted(tmp.glob("peer*.log")):
-        last = {int(step): float(loss) for step, loss in _STEP_LOSS.findall(log.read_text(errors="replace"))}
-        for step, loss in last.items():
-            found.setdefault(step, []).append(loss)
+    found["baseline"] = losses(golden_swarm, STEPS)
     return found
 
 

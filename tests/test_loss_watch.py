@@ -7,8 +7,8 @@ from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.state_plan import rollback_state
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.records import CheckpointInfo, Progress
+from tests.helpers.plans import plan
 from tests.helpers.swarm_records import IDS, record
-from tests.test_coordinator_restart import plan
 
 
 def _losses(assignment, losses: dict[int, float], signer: str | None = None) -> list[dict[str, Progress]]:

@@ -2,13 +2,13 @@
 
 The collectors first, on objects made by hand: figures come from the objects as they are at scrape time, absent
 counters are exported as 0, a section whose object misbehaves does not take the others down, and units are
-Prometheus's (seconds, bytes per second). Then the real thing: a coordinator and two training clients as processes,
-each serving its metrics; two scrapes some seconds apart show training going on, and the coordinator its plan.
+Prometheus's (seconds, bytes per second). Then the real thing: the observed swarm's coordinator and two training
+clients (tests/helpers/shared_swarm.py), processes each serving its metrics; two scrapes some seconds apart show
+training going on, and the coordinator its plan.
 """
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import urllib.request
 from types import SimpleNamespace
@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from hetswarm.client.cli.options import metrics_address
-from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.protocol.errors import ConfigError, HetswarmError, RejectedInput
 from hetswarm.protocol.records import PeerRole, Progress
+from tests.helpers.shared_swarm import CLIENTS, ObservedSwarm
 from tests.helpers.swarm_records import IDS, link, record
 from tests.helpers.waiting import wait_until
 
@@ -189,42 +189,33 @@ def test_a_failing_loop_beside_main_is_logged_and_main_goes_on(caplog):
 
 # ---- a real swarm ----
 
-SWARM = "metricstest"
-TTL_S = "10"
-COORDINATOR_ARGS = ("--model", "tiny", "--dp", "1", "--pp", "2", "--min-peers", "2", "--ttl", TTL_S,
-                    "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600")
-CLIENTS = ("alice", "bob")
-_METRICS_LINE = re.compile(r"Serving Prometheus metrics at (http://127\.0\.0\.1:\d+/metrics)")
 SCRAPE_GAP_S = 6.0
 
 
-
 @pytest.fixture(scope="module")
-def scrapes(tmp_path_factory) -> dict:
-    """A coordinator and two clients training the tiny model, each with --metrics-port 0 (a free port, logged)."""
-    with LocalSwarm(SWARM, workdir=tmp_path_factory.mktemp("metrics")) as swarm:
-        coordinator = swarm.start_coordinator("coordinator", *COORDINATOR_ARGS, "--metrics-port", "0")
-        clients = [swarm.start_client(name, "--coordinator", swarm.coordinator_id, "--ttl", TTL_S, "--seed", "0",
-                                      "--torch-threads", "1", "--metrics-port", "0") for name in CLIENTS]
-        urls = {peer.name: peer.wait_for(_METRICS_LINE, timeout_s=60).group(1) for peer in [coordinator, *clients]}
+def scrapes(observed_swarm: ObservedSwarm) -> dict:
+    """The observed swarm (a coordinator and two clients training the tiny model, each with --metrics-port 0) scraped
+    once both clients trained a step, and again some seconds later."""
+    urls = observed_swarm.metrics_urls
 
-        def all_trained_a_step() -> dict | None:
-            found = {name: scrape(urls[name]) for name in CLIENTS}
-            return found if all((value(s, "hetswarm_step") or 0) >= 1 for s in found.values()) else None
+    def all_trained_a_step() -> dict | None:
+        found = {name: scrape(urls[name]) for name in CLIENTS}
+        return found if all((value(s, "hetswarm_step") or 0) >= 1 for s in found.values()) else None
 
-        first = wait_until("both clients to train a step", all_trained_a_step, 150)
-        time.sleep(SCRAPE_GAP_S)
-        second = {name: scrape(urls[name]) for name in CLIENTS}
+    first = wait_until("both clients to train a step", all_trained_a_step, 150)
+    time.sleep(SCRAPE_GAP_S)
+    second = {name: scrape(urls[name]) for name in CLIENTS}
 
-        def coordinator_sees_both_training() -> dict | None:
-            found = scrape(urls["coordinator"])
-            return found if value(found, "hetswarm_peers", state="training") == 2 else None
+    def coordinator_sees_both_training() -> dict | None:
+        found = scrape(urls["coordinator"])
+        return found if value(found, "hetswarm_peers", state="training") == 2 else None
 
-        in_view = wait_until("the coordinator to see both clients training", coordinator_sees_both_training, 30)
-        return {"first": first, "second": second, "coordinator": in_view}
+    in_view = wait_until("the coordinator to see both clients training", coordinator_sees_both_training, 30)
+    return {"first": first, "second": second, "coordinator": in_view}
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.swarm
 def test_a_training_clients_step_grows_between_two_scrapes(scrapes):
     for name in CLIENTS:
         before, after = scrapes["first"][name], scrapes["second"][name]
@@ -241,6 +232,7 @@ def test_a_training_clients_step_grows_between_two_scrapes(scrapes):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.swarm
 def test_the_coordinator_exports_its_plan_version_and_the_swarm_it_sees(scrapes):
     samples = scrapes["coordinator"]
     assert value(samples, "hetswarm_assignment_version") >= 1

@@ -9,7 +9,7 @@ from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress, Refusals
 from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.swarm_records import IDS, record
-from tests.test_training_correctness import _assignment
+from tests.helpers.tiny_training import assignment_for
 
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
 
@@ -55,7 +55,7 @@ def test_the_assignment_shows_the_step_the_last_complete_checkpoint_and_the_repl
     """A 2 × 2 plan: checkpoints cover both stages at step 8 and only stage 0 at step 12 (the leaving peer's stage 1
     checkpoint of step 12 does not count); one member took its state from peers; one replica of stage 1 is leaving."""
     a, b, c, d = IDS[:4]
-    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "checkpoints": CheckpointPlan(
+    assignment = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "checkpoints": CheckpointPlan(
         savers=[a, b], every=4)})
     records = {a: _with_checkpoints(a, [(12, [0, 2]), (8, [0, 2])]), b: _with_checkpoints(b, [(8, [2, 4])]),
                c: _with_checkpoints(c, []), d: _with_checkpoints(d, [(12, [2, 4])], state="leaving")}
@@ -79,7 +79,7 @@ def test_a_resume_shows_where_the_state_came_from_and_the_seeded_layers():
     """A plan resumed from checkpoints with layers [2, 4) lost, and no checkpoint plan: no saver for any stage."""
     a, b, c, d = IDS[:4]
     handoff = Handoff(sources=[a], seeded_layers=[[2, 4]], resumed_from_checkpoint=True)
-    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "handoff": handoff})
+    assignment = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3, "handoff": handoff})
     records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
     progress = {a: _progress(a, 3, state_origin="checkpoint", handoff_bytes=3 * 2**10, handoff_s=1.5),
                 b: _progress(b, 5, state_origin="seed", health="retrying", reason="test"),
@@ -99,7 +99,7 @@ def test_a_resume_shows_where_the_state_came_from_and_the_seeded_layers():
 
 def test_the_coordinators_refused_and_flagged_peers_are_shown_with_their_reasons():
     a, b, c, d, intruder = IDS[:5]
-    assignment = _assignment([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
+    assignment = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
     records = {peer: record(peer, state="training") for peer in (a, b, c, d)} | {intruder: record(intruder)}
     refusals = Refusals(coordinator_id=IDS[9], refused={intruder: "not admitted: no join token"},
                         flagged={a: "claims 100 TFLOPS but computes like 1"}, updated_at=0.0)
@@ -117,7 +117,7 @@ def test_the_coordinators_refused_and_flagged_peers_are_shown_with_their_reasons
 def test_the_plans_wire_is_shown():
     a, b, c, d = IDS[:4]
     wire = WireFormat(activations="8bit", gradients="fp16", allreduce="8bit", activation_deltas="4bit")
-    assignment = _assignment([[a, b], [c, d]], IDS[9], wire).copy(update={"version": 3})
+    assignment = assignment_for([[a, b], [c, d]], IDS[9], wire).copy(update={"version": 3})
     records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
     snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress={}, read_at=0.0)
     shown = snap.to_json()

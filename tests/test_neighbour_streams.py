@@ -17,6 +17,8 @@ from hetswarm.client.training.neighbour_streams import _SEND_TRIES, NeighbourStr
 from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.p2p_nodes import connected_p2ps
 
+pytestmark = pytest.mark.swarm
+
 SHAPE = (2, 8, 16)  # (micro_batch_size, seq_len, d_model)
 NAMESPACE = "links-test_stage"
 

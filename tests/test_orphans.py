@@ -19,7 +19,7 @@ from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.node import ORPHAN_GRACE_S, OwnedDHT
 from tests.helpers.dht_nodes import start_node
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 
 GONE_WITHIN_S = 10.0
 _JOINED = re.compile(r"Joined swarm")

@@ -6,7 +6,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, stage_memory_bytes
 from hetswarm.coordinator.live_objective import execution_options
 from hetswarm.coordinator.planner import PLACEMENTS, PlannerConfig, Replanner, propose
@@ -15,27 +14,8 @@ from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.wire_format import WireFormat
-from tests.helpers.swarm_records import IDS, link, record
-
-SITES = ["Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "London", "Frankfurt", "Ireland"]
-LINKS = SiteLinks.from_scenario("worldwide", bandwidth_scale=0.05)
-MODEL = get_model_config("tiny")
-SEARCH = SearchConfig(time_budget_s=2.0)
-
-
-def worldwide_records(n: int = 8, *, slow: set[frozenset[str]] = frozenset(), memory_gib: float = 4.0,
-                      tflops: float = 1.0) -> dict:
-    """n peers at the scenario's sites, every pair measured; pairs in `slow` are 20× slower."""
-    peers = IDS[:n]
-    records = {}
-    for i, peer in enumerate(peers):
-        links = {}
-        for j, other in enumerate(peers[i + 1:], start=i + 1):
-            latency_ms, bandwidth_mbps = LINKS.link(SITES[i], SITES[j])
-            factor = 20.0 if frozenset((peer, other)) in slow else 1.0
-            links[other] = link(latency_ms * factor, bandwidth_mbps / factor)
-        records[peer] = record(peer, site=SITES[i], links=links, memory_gib=memory_gib, tflops=tflops)
-    return records
+from tests.helpers.plans import MODEL, SEARCH, worldwide_records
+from tests.helpers.swarm_records import IDS, link
 
 
 def replanner(**overrides) -> Replanner:

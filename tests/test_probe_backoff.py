@@ -77,6 +77,7 @@ async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identi
     return volunteers
 
 
+@pytest.mark.swarm
 def test_an_unprobeable_peer_is_retried_with_backoff_and_the_record_is_not_republished_per_pass(tmp_path):
     ids = identities(tmp_path, ["me", "silent", "good"])
     silent_dht, _ = start_node(SWARM, ids["silent"].path)

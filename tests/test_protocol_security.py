@@ -13,29 +13,12 @@ from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
-from hetswarm.protocol.records import Hardware, PeerRecord
 from hetswarm.protocol.signing import make_validators
-from tests.helpers.dht_nodes import dht_pair
+from tests.helpers.dht_nodes import dht_pair, peers_seen_by, store_raw
+from tests.helpers.swarm_records import make_record
 
 SWARM = "sectest"
-pytestmark = pytest.mark.timeout(120)
-
-
-def make_record(peer_id: str, *, name: str = "honest", tflops: float = 1.0) -> PeerRecord:
-    hardware = Hardware(device="cpu", device_name="test cpu", tflops=tflops, dtype="float32", memory_gib=1.0)
-    return PeerRecord(
-        peer_id=peer_id, maddrs=[], version="test", hardware=hardware, state="ready",
-        public_name=name, updated_at=get_dht_time(),
-    )
-
-
-async def peers_seen_by(dht) -> dict[str, PeerRecord]:
-    return await SwarmRecords(dht, SWARM).read(PEERS_FIELD)
-
-
-async def store_raw(dht, value, subkey: bytes) -> bool:
-    """Bypasses encode_record, as a modified client would."""
-    return await dht.store(dht_key(SWARM, PEERS_FIELD), value, get_dht_time() + 30, subkey=subkey, return_future=True)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 
 
 def test_records_of_both_peers_are_read_back_bound_to_their_signers(tmp_path):
@@ -45,7 +28,7 @@ def test_records_of_both_peers_are_read_back_bound_to_their_signers(tmp_path):
         async def scenario():
             assert await SwarmRecords(dht_a, SWARM, private_key=key_a).publish(make_record(id_a), ttl_s=30)
             assert await SwarmRecords(dht_b, SWARM, private_key=key_b).publish(make_record(id_b), ttl_s=30)
-            return await peers_seen_by(dht_a), await peers_seen_by(dht_b)
+            return await peers_seen_by(dht_a, SWARM), await peers_seen_by(dht_b, SWARM)
 
         for seen in asyncio.run(scenario()):
             assert set(seen) == {id_a, id_b}
@@ -59,8 +42,8 @@ def test_a_peer_cannot_overwrite_another_peers_record(tmp_path):
         async def scenario():
             assert await SwarmRecords(dht_a, SWARM, private_key=key_a).publish(make_record(id_a), ttl_s=30)
             forged = encode_record(make_record(id_a, name="forged", tflops=999.0))
-            accepted = await store_raw(dht_b, forged, owner_subkey(key_a))  # B cannot sign with A's key
-            return accepted, await peers_seen_by(dht_a), await peers_seen_by(dht_b)
+            accepted = await store_raw(dht_b, SWARM, forged, owner_subkey(key_a))  # B cannot sign with A's key
+            return accepted, await peers_seen_by(dht_a, SWARM), await peers_seen_by(dht_b, SWARM)
 
         accepted, seen_a, seen_b = asyncio.run(scenario())
         assert not accepted
@@ -74,8 +57,8 @@ def test_a_record_claiming_another_peer_id_is_refused(tmp_path):
 
         async def scenario():
             impostor = encode_record(make_record(id_a, name="impostor"))
-            accepted = await store_raw(dht_b, impostor, owner_subkey(key_b))  # signed by B, claims to be A
-            return accepted, await peers_seen_by(dht_a)
+            accepted = await store_raw(dht_b, SWARM, impostor, owner_subkey(key_b))  # signed by B, claims to be A
+            return accepted, await peers_seen_by(dht_a, SWARM)
 
         accepted, seen = asyncio.run(scenario())
         assert not accepted
@@ -89,10 +72,10 @@ def test_a_schema_violation_is_refused(tmp_path):
         async def scenario():
             bad = encode_record(make_record(id_b))
             bad["hardware"]["tflops"] = "very fast"
-            wrong_type = await store_raw(dht_b, bad, owner_subkey(key_b))
+            wrong_type = await store_raw(dht_b, SWARM, bad, owner_subkey(key_b))
             extra = encode_record(make_record(id_b)) | {"admin": True}
-            extra_field = await store_raw(dht_b, extra, owner_subkey(key_b))
-            return wrong_type, extra_field, await peers_seen_by(dht_a)
+            extra_field = await store_raw(dht_b, SWARM, extra, owner_subkey(key_b))
+            return wrong_type, extra_field, await peers_seen_by(dht_a, SWARM)
 
         wrong_type, extra_field, seen = asyncio.run(scenario())
         assert not wrong_type and not extra_field
@@ -116,7 +99,7 @@ def test_an_oversized_record_is_refused_before_sending_and_by_every_validator(tm
 
         async def still_serving():
             stored = await SwarmRecords(dht_b, SWARM, private_key=key_b).publish(make_record(id_b), ttl_s=30)
-            return stored, await peers_seen_by(dht_a)
+            return stored, await peers_seen_by(dht_a, SWARM)
 
         stored, seen = asyncio.run(still_serving())
         assert stored and set(seen) == {id_b}

@@ -67,6 +67,7 @@ def test_only_direct_tcp_addresses_of_the_asker_are_dialled(text, dialable):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.swarm
 def test_checker_dials_a_reachable_asker_back_and_refuses_a_closed_port():
     async def main() -> tuple[DialBack, DialBack]:
         async with connected_p2ps(2) as (checker, asker):
@@ -82,6 +83,7 @@ def test_checker_dials_a_reachable_asker_back_and_refuses_a_closed_port():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.swarm
 def test_bad_requests_get_an_answer_and_the_checker_keeps_serving():
     bad_requests = {
         "not msgpack": b"\xc1\xc1\xc1",
@@ -112,6 +114,7 @@ def test_bad_requests_get_an_answer_and_the_checker_keeps_serving():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.swarm
 def test_a_peer_without_the_service_counts_as_no_answer():
     async def main() -> DialBack:
         async with connected_p2ps(2) as (checker, asker):
@@ -125,7 +128,7 @@ def test_a_peer_without_the_service_counts_as_no_answer():
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     """A bootstrap node, `alice` alone for a moment, then `bob` (announcing a closed port) and `carol` together."""
-    with LocalSwarm("reachtest", workdir=tmp_path_factory.mktemp("swarm")) as swarm:
+    with LocalSwarm("reachtest", workdir=tmp_path_factory.mktemp("swarm"), preimported=True) as swarm:
         swarm.start_bootstrap()
         swarm.start_client("alice").wait_for(re.compile("Joined swarm"), 90)
         swarm.start_client("bob", "--announce-maddrs", f"/ip4/127.0.0.1/tcp/{closed_port()}")
@@ -138,6 +141,7 @@ def peer(swarm: LocalSwarm, name: str):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.swarm
 def test_a_client_nobody_can_dial_is_told_how_to_fix_it_and_keeps_running(swarm):
     bob = peer(swarm, "bob")
     bob.wait_for(re.compile("Joined swarm"), 90)
@@ -150,6 +154,7 @@ def test_a_client_nobody_can_dial_is_told_how_to_fix_it_and_keeps_running(swarm)
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.swarm
 def test_a_client_that_can_be_dialled_is_confirmed_and_never_advised(swarm):
     carol = peer(swarm, "carol")
     carol.wait_for(re.compile("Joined swarm"), 90)
@@ -162,6 +167,7 @@ def test_a_client_that_can_be_dialled_is_confirmed_and_never_advised(swarm):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.swarm
 def test_no_process_is_left_behind(swarm):
     swarm.close()
     assert [pid for p in swarm.peers for pid in p.alive_pids()] == []

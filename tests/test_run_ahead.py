@@ -9,20 +9,22 @@ passes computed ahead are the passes of the step run in turn, and the rollback r
 import pytest
 import torch
 
-from tests.conftest import reap_children
+from tests.helpers.fault_runs import CONFIG, FAULT_STEP, STEPS, run_with_fault
+from tests.helpers.processes import reap_children
 from tests.helpers.training_process import Fault
-from tests.test_step_faults import CONFIG, FAULT_STEP, STEPS, _run_swarm
+
+pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")
 def in_turn(tmp_path_factory) -> list[dict]:
     """Every step run in turn, no fault."""
-    return _run_swarm(tmp_path_factory.mktemp("in-turn"), Fault.NONE, d_pp=1, d_dp=2, run_ahead=False)
+    return run_with_fault(tmp_path_factory.mktemp("in-turn"), Fault.NONE, d_pp=1, d_dp=2, run_ahead=False)
 
 
 @pytest.mark.timeout(200)
 def test_running_ahead_and_putting_an_aborted_step_back_changes_no_parameter(tmp_path, in_turn):
-    ahead = _run_swarm(tmp_path, Fault.LATE_FAILURE, d_pp=1, d_dp=2)
+    ahead = run_with_fault(tmp_path, Fault.LATE_FAILURE, d_pp=1, d_dp=2)
     reap_children()
 
     assert CONFIG.check_every == 2 and FAULT_STEP == 2 and STEPS == 6  # the schedule the expectations below follow

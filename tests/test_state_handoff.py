@@ -51,6 +51,7 @@ def same(a: StageState, b: StageState) -> bool:
     return a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
 
 
+@pytest.mark.swarm
 def test_units_come_from_every_holder_and_the_majority_digest_wins():
     async def scenario():
         async with connected_p2ps(4) as (asker, first, second, liar):
@@ -68,6 +69,7 @@ def test_units_come_from_every_holder_and_the_majority_digest_wins():
     assert report.bytes == sum(len(good.select([unit]).encode()) for unit in UNITS)
 
 
+@pytest.mark.swarm
 def test_what_nobody_holds_is_named():
     async def scenario():
         async with connected_p2ps(2) as (asker, holder):
@@ -82,6 +84,7 @@ def test_what_nobody_holds_is_named():
     asyncio.run(scenario())
 
 
+@pytest.mark.swarm
 def test_a_checkpoint_on_disk_is_served(tmp_path):
     checkpoints = CheckpointDir(tmp_path, "handofftest")
     saved = stage_state(12)
@@ -115,6 +118,7 @@ def test_a_peer_finds_the_part_of_a_new_cut_it_holds_in_memory_and_on_disk(tmp_p
     assert store.find_part(11, wanted) is None
 
 
+@pytest.mark.swarm
 def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_switched():
     async def scenario():
         async with connected_p2ps(3) as (me, ahead, behind):
@@ -138,6 +142,7 @@ def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_swi
     assert asyncio.run(scenario()) == Agreement(9)
 
 
+@pytest.mark.swarm
 def test_a_source_that_cannot_be_dialled_is_left_out_at_once_and_named():
     async def scenario():
         async with connected_p2ps(3) as (me, holder, dead):

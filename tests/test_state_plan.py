@@ -5,11 +5,11 @@ from __future__ import annotations
 from hetswarm.coordinator.state_plan import checkpoint_plan, kept_state, layer_ranges, plan_state
 from hetswarm.protocol.records import CheckpointInfo, Handoff, PeerRecord, Progress
 from tests.helpers.swarm_records import IDS, record
-from tests.test_training_correctness import TINY, _assignment
+from tests.helpers.tiny_training import TINY, assignment_for
 
 A, B, C, D, E = IDS[:5]
 PIPELINES = [[A, B], [C, D]]  # stage 0: A and C (layers 0-1), stage 1: B and D (layers 2-3)
-PREVIOUS = _assignment(PIPELINES, IDS[9]).copy(update={"version": 4, "step": 10})
+PREVIOUS = assignment_for(PIPELINES, IDS[9]).copy(update={"version": 4, "step": 10})
 
 
 def peers(*alive: str, checkpoints: dict[str, list[tuple[int, tuple[int, int]]]] | None = None) -> dict:
@@ -94,10 +94,10 @@ def test_a_member_moved_in_holds_nothing_until_it_says_it_started_its_stage():
 
 def test_the_members_that_keep_their_state_from_the_start_of_a_plan():
     previous = PREVIOUS
-    moved = _assignment([[A, E], [C, D]], IDS[9])  # E takes B's place, from the state of D
+    moved = assignment_for([[A, E], [C, D]], IDS[9])  # E takes B's place, from the state of D
     handoff = moved.copy(update={"handoff": Handoff(sources=[A, C, D])})
     assert kept_state(handoff, previous) == {A, C, D}
-    swapped = _assignment([[B, A], [C, D]], IDS[9]).copy(update={"handoff": Handoff(sources=[A, B, C, D])})
+    swapped = assignment_for([[B, A], [C, D]], IDS[9]).copy(update={"handoff": Handoff(sources=[A, B, C, D])})
     assert kept_state(swapped, previous) == {C, D}  # A and B changed stages: both download
     resumed = moved.copy(update={"handoff": Handoff(sources=[A, D], resumed_from_checkpoint=True)})
     assert kept_state(resumed, previous) == set()

@@ -16,10 +16,7 @@ same data with no failure, and so does the loss of every step each client logged
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,33 +29,20 @@ from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment
-from tests.conftest import reap_children
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.training_process import TrainJob, run_training_processes
+from tests.helpers.golden_runs import CHECKPOINT_EVERY as EVERY
+from tests.helpers.golden_runs import SWARM_RUN, final_state, losses
+from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
+from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY
 from tests.helpers.waiting import wait_until
-from tests.test_training_correctness import D_DP, D_PP, SEED, TINY, _assignment
+
+pytestmark = pytest.mark.swarm
 
 SWARM = "statetest"
-EVERY = 4
 COORDINATOR_ARGS = ("--dp", str(D_DP), "--pp", str(D_PP), "--ttl", "20", "--debounce", "1",
                     "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600", "--lost-state-wait", "600",
                     "--checkpoint-every", str(EVERY), "--seed", str(SEED),
                     "--payback-steps", "0")  # loopback links: a search that chases their noise never pays for moves
-_JOINED = re.compile(r"Others can join with: --initial-peers (\S+)")
-_STEP_LOSS = re.compile(r"step (\d+): loss ([0-9.]+)")
-
-
-MODEL = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4,
-                micro_batches=TINY.batch_tokens // TINY.seq_len // D_DP)
-"""The tiny model with fp32 activations on the wire, so that the swarm is exact, and one sequence per micro-batch,
-so that every way the coordinator may run it (execution_options) sums the gradients in the same order as the
-baseline: the equality below is about state surviving failures, not about the choice of schedule."""
-
-
-def model_file(tmp: Path) -> Path:
-    path = tmp / f"{MODEL.name}.json"
-    path.write_text(json.dumps(MODEL.to_dict()))
-    return path
 
 
 class Scenario:
@@ -80,7 +64,7 @@ class Scenario:
                 str(SEED), "--checkpoint-dir", str(self.tmp / folder), *until)
         peers = []
         for name, folder in folders.items():
-            via = self.clients[name].wait_for(_JOINED, timeout_s=120).group(1)
+            via = self.clients[name].wait_for(JOINED, timeout_s=120).group(1)
             if self.observer is None:
                 self.observer, _ = start_node(SWARM, self.tmp / "observer.key", [via])
             peer = peer_id_of(load_identity(self.tmp / f"{name}.key").get_public_key())
@@ -111,14 +95,7 @@ class Scenario:
 
     def losses(self, since: dict[Path, int] | None = None) -> dict[int, list[float]]:
         """Every loss the clients logged, by step (each last-stage client logs its pipeline's), after `since`."""
-        found: dict[int, list[float]] = {}
-        for log in sorted(self.tmp.glob("*.log")):
-            with open(log, "rb") as file:
-                file.seek((since or {}).get(log, 0))
-                text = file.read().decode(errors="replace")
-            for step, loss in _STEP_LOSS.findall(text):
-                found.setdefault(int(step), []).append(float(loss))
-        return found
+        return logged_losses(self.tmp.glob("*.log"), since=since)
 
     def checkpoint(self, peer: str, step: int, layers: tuple[int, int]) -> dict[str, torch.Tensor]:
         state = CheckpointDir(self.folder_of[peer], SWARM).find_part(step, units_of_layers(layers, TINY.n_layers))
@@ -127,17 +104,18 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory) -> dict:
+def story(tmp_path_factory, golden_swarm) -> dict:
     tmp = tmp_path_factory.mktemp("state")
     found: dict = {}
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         scenario = Scenario(swarm, tmp)
         try:
             _play(scenario, swarm, tmp, found)
         finally:
             if scenario.observer is not None:
                 scenario.observer.shutdown()
-    found["baseline"] = _fault_free_run(tmp_path_factory.mktemp("baseline"), found["last_step"])
+    found["baseline"] = {"final": final_state(golden_swarm, found["last_step"]),
+                         "losses": losses(golden_swarm, found["last_step"])}
     return found
 
 
@@ -188,6 +166,7 @@ def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None
     scenario.observer = None
     resume_at = newest_complete_checkpoint(tmp)
     last = found["last_step"] = resume_at + 2 * EVERY
+    assert last in SWARM_RUN.states_after, f"the golden run keeps no parameters after step {last}: lengthen it"
     sizes = scenario.log_sizes()
     swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", *COORDINATOR_ARGS)
     scenario.start_clients({f"again{i}": scenario.folder_of[peer].name for i, peer in enumerate(placed)},
@@ -211,28 +190,6 @@ def newest_complete_checkpoint(tmp: Path) -> int | None:
             covered.setdefault(meta.step, set()).update(range(*meta.layers))
     complete = [step for step, layers in covered.items() if layers == set(range(TINY.n_layers))]
     return max(complete, default=None)
-
-
-def _fault_free_run(tmp: Path, steps: int) -> dict:
-    """Final parameters and per-step losses of a plain 2 × 2 run of `steps` steps on the same data."""
-    identities = [tmp / f"peer{i}.key" for i in range(D_PP * D_DP)]
-    peer_ids = [peer_id_of(load_identity(path).get_public_key()) for path in identities]
-    pipelines = [peer_ids[r * D_PP:(r + 1) * D_PP] for r in range(D_DP)]
-    bootstrap, key = start_node("baseline", tmp / "bootstrap.key")
-    try:
-        assignment = _assignment(pipelines, peer_id_of(key.get_public_key()), model=MODEL)
-        initial_peers = [str(maddr) for maddr in bootstrap.get_visible_maddrs()]
-        jobs = [TrainJob(swarm="baseline", identity_path=path, initial_peers=initial_peers, assignment=assignment,
-                         steps=steps, seed=SEED, data_seed=SEED, output_path=tmp / f"peer{i}.pt", torch_threads=1,
-                         save_final_state=True) for i, path in enumerate(identities)]
-        results = run_training_processes(jobs, timeout_s=600)
-    finally:
-        bootstrap.shutdown()
-        reap_children()
-    final = {name: t for result in results if result["replica"] == 0 for name, t in result["final_state"].items()}
-    last = [result for result in results if result["stage"] == D_PP - 1]
-    losses = {step: [r["reports"][step]["loss"] for r in last] for step in range(steps)}
-    return {"final": final, "losses": losses}
 
 
 @pytest.mark.timeout(900)

@@ -11,6 +11,8 @@ from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.client.training.step_commit import CommitBoard
 from tests.helpers.p2p_nodes import connected_p2ps
 
+pytestmark = pytest.mark.swarm
+
 NAMESPACE = "commit-test_commit_v1"
 SLOW_ANSWER_S = 3.0
 

@@ -18,8 +18,8 @@ from hetswarm.coordinator.sticky import (
     sticky_pipelines,
 )
 from hetswarm.coordinator.swarm_view import build_view
+from tests.helpers.plans import MODEL, SEARCH, worldwide_records
 from tests.helpers.swarm_records import IDS, link, record
-from tests.test_planner import MODEL, SEARCH, worldwide_records
 
 
 def replanner(**overrides) -> Replanner:

@@ -29,7 +29,7 @@ SHAPES = {"2x2": (2, 2), "1x2": (1, 2)}
 MAX_STEPS = 40
 """Room for the switch: on a fast machine a plan trains many steps while the test reads the records once."""
 SWITCH_AFTER_STEP = 3
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(240)]
 
 
 def make_assignment(pipelines: list[list[str]], coordinator_id: str, *, version: int, step: int) -> Assignment:
@@ -63,7 +63,7 @@ def reached(version: int, step: int, peers: list[str]):
 def run(tmp_path_factory, request) -> dict:
     d_pp, d_dp = SHAPES[request.param]
     tmp = tmp_path_factory.mktemp("trainer")
-    with LocalSwarm(SWARM, workdir=tmp) as swarm:
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
         swarm.start_bootstrap()
         coordinator, key = start_node(SWARM, tmp / "coordinator.key", [swarm.initial_peers])
         try:

@@ -1,8 +1,8 @@
 """`hetswarm monitor --web`: its JSON and its page against a real small swarm, and the server's own behaviour.
 
-A coordinator and two `hetswarm join --coordinator` clients (2 stages × 1 pipeline of the tiny model) run on
-127.0.0.1; the monitor serves on 127.0.0.1:0 and prints its URL. /api/v1/state lists every peer, the plan and the
-training history; headless Chromium (Debian's, driven by Playwright) shows every peer in the grid and the heatmap
+The observed swarm (tests/helpers/shared_swarm.py: a coordinator and two `hetswarm join --coordinator` clients, 2
+stages × 1 pipeline of the tiny model) runs on 127.0.0.1; the monitor serves on 127.0.0.1:0 and prints its URL.
+/api/v1/state lists every peer, the plan and the training history; headless Chromium (Debian's, driven by Playwright) shows every peer in the grid and the heatmap
 and draws the curves. Without a browser the page test is skipped with the reason; the rest still runs. The server
 is also tested alone: a read that times out keeps the last state, and bad requests are answered, not fatal.
 """
@@ -27,14 +27,13 @@ from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
 from hetswarm.client.cli.web import ProgressHistory, WebAddress, WebMonitor, serve_web
-from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SCHEMAS, SwarmRecords
 from hetswarm.protocol.records import Progress
+from tests.helpers.shared_swarm import CLIENTS, ObservedSwarm
 
 ROOT = Path(__file__).resolve().parent.parent
 SWARM = "webtest"
-CLIENTS = ("alpha", "beta")
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
 SOME_PEER_MADDR = f"/ip4/127.0.0.1/tcp/1/p2p/{PEER}"
 _URL_LINE = re.compile(r"Web view: (http://127\.0\.0\.1:\d+/)")
@@ -169,19 +168,10 @@ def ready(state: dict[str, Any]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory):
-    with LocalSwarm(SWARM, workdir=tmp_path_factory.mktemp("web")) as swarm:
-        swarm.start_coordinator("coordinator", "--model", "tiny", "--pp", "2", "--dp", "1", "--min-peers",
-                                str(len(CLIENTS)), "--debounce", "2", "--ttl", "10", "--time-budget", "1")
-        for name in CLIENTS:
-            swarm.start_client(name, "--coordinator", swarm.coordinator_id, "--ttl", "10", "--torch-threads", "1",
-                               "--max-steps", "200")
-        yield swarm
-
-
-@pytest.fixture(scope="module")
-def monitor(swarm):
-    process = swarm.start("monitor", "monitor", "--initial-peers", swarm.initial_peers, "--swarm", SWARM,
+def monitor(observed_swarm: ObservedSwarm):
+    """A web monitor of the observed swarm (tests/helpers/shared_swarm.py), a process of its own."""
+    swarm = observed_swarm.swarm
+    process = swarm.start("monitor", "monitor", "--initial-peers", swarm.initial_peers, "--swarm", swarm.swarm,
                           "--coordinator", swarm.coordinator_id, "--web", "127.0.0.1:0", "--refresh", "1")
     return process, process.wait_for(_URL_LINE, timeout_s=60).group(1)
 
@@ -197,10 +187,11 @@ def settled(monitor) -> dict[str, Any]:
     return state
 
 
-def test_the_state_lists_every_peer_the_plan_and_the_history(swarm, settled):
+@pytest.mark.swarm
+def test_the_state_lists_every_peer_the_plan_and_the_history(observed_swarm, settled):
     assert ready(settled), json.dumps({k: settled[k] for k in ("peers", "assignment", "history")})[-3000:]
     assert {p["name"] for p in settled["peers"]} == set(CLIENTS)
-    assert settled["assignment"]["coordinator_id"] == swarm.coordinator_id
+    assert settled["assignment"]["coordinator_id"] == observed_swarm.swarm.coordinator_id
     assert settled["assignment"]["bottleneck_link"] is not None
     assert settled["history"]["predictions"][-1]["version"] == settled["assignment"]["version"]
     assert settled["monitor"]["error"] is None and settled["monitor"]["reads"] >= 1
@@ -211,6 +202,7 @@ def find_chromium() -> str | None:
     return next((path for name in ("chromium", "chromium-browser") if (path := shutil.which(name))), None)
 
 
+@pytest.mark.swarm
 def test_the_page_shows_every_peer_in_the_grid_and_the_heatmap(monitor, settled, tmp_path):
     try:
         from playwright.sync_api import Error as PlaywrightError
@@ -261,6 +253,7 @@ def test_the_page_shows_every_peer_in_the_grid_and_the_heatmap(monitor, settled,
     assert all(u.startswith(url) for u in requests), requests  # nothing fetched from anywhere else
 
 
+@pytest.mark.swarm
 def test_ctrl_c_stops_the_monitor_cleanly(monitor):
     process, _ = monitor
     process.signal(signal.SIGINT)
@@ -273,6 +266,7 @@ def test_ctrl_c_stops_the_monitor_cleanly(monitor):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.swarm
 def test_the_static_files_ship_in_the_wheel(tmp_path):
     """A non-editable install serves the page too: the wheel holds the static files as package data."""
     pytest.importorskip("setuptools", reason="building the wheel needs setuptools in this environment")

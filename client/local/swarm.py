@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from hetswarm.client.local.preimported import ForkedProcess, start_forked
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.protocol.errors import HetswarmError
 
@@ -40,7 +41,7 @@ class PeerProcess:
     """One `hetswarm` process and the log file that holds its output."""
 
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen | ForkedProcess
     log_path: Path
     tree: dict[int, psutil.Process] = field(default_factory=dict)
     """Descendants seen so far; psutil.Process checks creation time, so a recycled PID is never signalled."""
@@ -110,10 +111,15 @@ class PeerProcess:
 
 
 class LocalSwarm:
-    """Starts a bootstrap node and clients as separate processes; `close()` (or the context) reaps them all."""
+    """Starts a bootstrap node and clients as separate processes; `close()` (or the context) reaps them all.
 
-    def __init__(self, swarm: str = "local", *, workdir: Path | None = None):
+    With `preimported`, each process is forked from a server that imported torch and hivemind once
+    (client/local/preimported.py) instead of started as a new interpreter: the test suite's swarms start sooner.
+    """
+
+    def __init__(self, swarm: str = "local", *, workdir: Path | None = None, preimported: bool = False):
         self.swarm = swarm
+        self.preimported = preimported
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="hetswarm-local-"))
         self.peers: list[PeerProcess] = []
         self.initial_peers: str | None = None
@@ -130,9 +136,12 @@ class LocalSwarm:
         """`hetswarm ARGS` as a process logging to WORKDIR/NAME.log; `env` adds to our environment."""
         log_path = self.workdir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="240", **(env or {}))  # log lines unwrapped
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(hetswarm_command(*args), stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=env)
+        if self.preimported:
+            process = start_forked(args, log_path, env)
+        else:
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(hetswarm_command(*args), stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=env)
         peer = PeerProcess(name, process, log_path)
         self.peers.append(peer)
         return peer
@@ -161,13 +170,30 @@ class LocalSwarm:
     def snapshot(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """One `hetswarm monitor --once --json` snapshot, taken by a separate read-only process."""
         pinned = ("--coordinator", self.coordinator_id) if self.coordinator_id else ()
-        result = subprocess.run(
-            hetswarm_command("monitor", "--initial-peers", self.initial_peers, "--swarm", self.swarm, "--json", *pinned),
-            capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
-        )
-        if result.returncode != 0:
-            raise HetswarmError(f"monitor failed ({result.returncode}): {result.stderr[-2000:]}")
-        return json.loads(result.stdout)
+        args = ("monitor", "--initial-peers", self.initial_peers, "--swarm", self.swarm, "--json", *pinned)
+        returncode, stdout, stderr = self._run_once(args, timeout_s)
+        if returncode != 0:
+            raise HetswarmError(f"monitor failed ({returncode}): {stderr[-2000:]}")
+        return json.loads(stdout)
+
+    def _run_once(self, args: tuple[str, ...], timeout_s: float) -> tuple[int, str, str]:
+        """`hetswarm ARGS` to its end: its exit code, stdout and stderr."""
+        if not self.preimported:
+            result = subprocess.run(hetswarm_command(*args), capture_output=True, text=True, timeout=timeout_s,
+                                    stdin=subprocess.DEVNULL)
+            return result.returncode, result.stdout, result.stderr
+        handle, name = tempfile.mkstemp(prefix=f"{args[0]}-", suffix=".out", dir=self.workdir)
+        os.close(handle)
+        out, err = Path(name), Path(name).with_suffix(".err")
+        process = start_forked(args, out, dict(os.environ), stderr_path=err)
+        try:
+            returncode = process.wait(timeout_s)
+        finally:
+            process.kill()
+        text = out.read_text(errors="replace"), err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+        return returncode, *text
 
     def poll(self, done: Callable[[dict[str, Any]], bool], timeout_s: float, interval_s: float = 1.0) -> dict[str, Any]:
         """Snapshots until `done(snapshot)` holds or the time is up; the last snapshot is returned either way."""

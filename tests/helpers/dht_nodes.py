@@ -6,11 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import hivemind
+from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.node import Identity, NodeConfig, start_dht
 from hetswarm.protocol.identity import load_identity
+from hetswarm.protocol.keys import PEERS_FIELD, dht_key
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import PeerRecord
 
 
 def start_node(
@@ -34,3 +38,12 @@ def dht_pair(swarm: str, tmp_path: Path) -> Iterator[tuple[tuple[hivemind.DHT, R
         second[0].shutdown()
         first[0].shutdown()
 
+
+
+async def peers_seen_by(dht: hivemind.DHT, swarm: str) -> dict[str, PeerRecord]:
+    return await SwarmRecords(dht, swarm).read(PEERS_FIELD)
+
+
+async def store_raw(dht: hivemind.DHT, swarm: str, value, subkey: bytes) -> bool:
+    """Bypasses encode_record, as a modified client would."""
+    return await dht.store(dht_key(swarm, PEERS_FIELD), value, get_dht_time() + 30, subkey=subkey, return_future=True)

@@ -1,9 +1,10 @@
 """A whole training peer in one process: its DHT node, its stage, N steps, and a results file.
 
-Used by the tests (and the demo) as separate processes on one machine: ``run_training_process(job)`` is the
-target of a ``multiprocessing`` 'spawn' process. The DHT starts first, before any thread or heavy torch work,
-because hivemind forks it (docs/hivemind.md, pitfall 3); its p2p daemon is then shared with this process's
-event loop through ``replicate_p2p``.
+Used by the tests as separate processes on one machine: ``run_training_process(job)`` is the target of a
+``multiprocessing`` 'forkserver' process (client/local/preimported.py): the server imports torch and hivemind once,
+which every spawned trainer used to pay about 2 s of CPU for, and each child it forks is as clean as a spawned one. The DHT starts first, before any thread or heavy torch work, because hivemind forks it
+(docs/hivemind.md, pitfall 3); its p2p daemon is then shared with this process's event loop through
+``replicate_p2p``.
 
 Faults (tests/test_step_faults.py) are injected by subclassing the real classes: ``FaultyNeighbourStreams`` and
 ``FaultyStageGroup`` replace the class of the worker's streams and group in the process that is told to misbehave,
@@ -12,13 +13,13 @@ at one chosen step and micro-batch, on the first attempt only.
 import asyncio
 import enum
 import logging
-import multiprocessing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import hivemind
 import torch
 
+from hetswarm.client.local.preimported import SERVER
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import FrameRefused, PartialAllReduce
 from hetswarm.client.training.group_allreduce import StageGroup
@@ -103,7 +104,7 @@ class FaultyStageGroup(StageGroup):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainJob:
-    """Everything one training process needs; picklable, so it can cross a 'spawn' boundary."""
+    """Everything one training process needs; picklable, so it can cross a process boundary."""
 
     swarm: str
     identity_path: Path
@@ -128,6 +129,8 @@ class TrainJob:
     """(step, micro_batch) of the fault."""
     save_final_state: bool = False
     """Also save the parameters after the last step, by global parameter name."""
+    save_states_after: tuple[int, ...] = ()
+    """Also save the parameters after each of these many steps, under "states" (a golden run's checkpoints)."""
     run_ahead: bool = True
     """Let a single stage compute the next step while the plan votes (client/training/stage_worker.py)."""
 
@@ -165,17 +168,22 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
             if job.save_first_grads and len(reports) == 1:
                 results["first_grads"] = {name: param.grad.detach().cpu().clone()
                                           for name, param in worker.module.named_parameters()}
+            if len(reports) in job.save_states_after:
+                results.setdefault("states", {})[len(reports)] = _parameters(worker)
         for end, deltas in (("deltas_sent", worker.streams.deltas), ("deltas_taken", worker.streams.servicer.deltas)):
             if deltas is not None:  # (whole, delta) frames of the activation link, with activation deltas on
                 results[end] = (deltas.sent_whole, deltas.sent_delta)
         if job.save_final_state:
-            results["final_state"] = {name: param.detach().cpu().clone()
-                                      for name, param in worker.module.named_parameters()}
+            results["final_state"] = _parameters(worker)
     finally:
         await worker.close()
         await p2p.shutdown()  # this process's client of the DHT's daemon; the daemon goes with dht.shutdown()
     results["reports"] = [asdict(report) for report in reports]
     return results
+
+
+def _parameters(worker) -> dict[str, torch.Tensor]:
+    return {name: param.detach().cpu().clone() for name, param in worker.module.named_parameters()}
 
 
 def _inject(worker, job: TrainJob) -> None:
@@ -201,9 +209,8 @@ def _inject(worker, job: TrainJob) -> None:
 
 
 def run_training_processes(jobs: list[TrainJob], *, timeout_s: float) -> list[dict]:
-    """Runs every job in its own spawned process (a peer each), waits for all, and returns what each saved."""
-    spawn = multiprocessing.get_context("spawn")
-    processes = [spawn.Process(target=run_training_process, args=(job,), daemon=False) for job in jobs]
+    """Runs every job in its own process (a peer each), waits for all, and returns what each saved."""
+    processes = [SERVER.Process(target=run_training_process, args=(job,), daemon=False) for job in jobs]
     for process in processes:
         process.start()
     for process in processes:

@@ -1,0 +1,36 @@
+"""Reaping what a test started: every descendant of the test process, by PID (hivemind's DHT outlives a killed
+parent)."""
+from __future__ import annotations
+
+import multiprocessing.forkserver
+
+import psutil
+
+
+def reap_children(timeout_s: float = 5.0) -> list[int]:
+    """Terminates, then kills, every descendant of this process but the two servers it keeps for later tests."""
+    me = psutil.Process()
+    children = [child for child in me.children(recursive=True) if not _kept(me, child)]
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [child.pid for child in children]
+
+
+def _kept(me: psutil.Process, child: psutil.Process) -> bool:
+    """torch's shared-memory manager (hivemind sets the file_system sharing strategy) serves this process until it
+    exits: killing it makes the interpreter abort at exit with "Broken pipe". The forkserver
+    (client/local/preimported.py) starts the next test's processes; its children are reaped like any other."""
+    try:
+        return child.ppid() == me.pid and (child.name() == "torch_shm_manager"
+                                           or child.pid == multiprocessing.forkserver._forkserver._forkserver_pid)
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,67 @@
+"""The tiny model trained by a hand-made plan: its constants, the plan, and a swarm of training processes.
+
+Shared by the training tests (correctness, step faults, compressed training, run-ahead) and by the golden runs
+(tests/helpers/golden_runs.py) that the whole-swarm scenarios compare with.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.model_config import ModelConfig, get_model_config
+from hetswarm.protocol.records import Assignment, PeerRole
+from hetswarm.protocol.wire_format import WireFormat
+from tests.helpers.dht_nodes import start_node
+from tests.helpers.processes import reap_children
+from tests.helpers.training_process import Fault, TrainJob, run_training_processes
+
+TINY = get_model_config("tiny")
+FP32 = WireFormat.uniform("fp32")
+"""Exact arithmetic on the wire, so that the distributed step can equal the single-process one."""
+SEED = 7
+D_PP, D_DP = 2, 2
+
+
+def assignment_for(pipelines: list[list[str]], coordinator_id: str, wire: WireFormat = FP32,
+                   model: ModelConfig = TINY, **runs) -> Assignment:
+    """A plan over `pipelines`, cut evenly unless `runs` (stage_layers, recompute, schedule) says otherwise."""
+    d_pp = len(pipelines[0])
+    runs = {"stage_layers": [list(bounds) for bounds in model.stage_layers(d_pp)]} | runs
+    return Assignment(
+        coordinator_id=coordinator_id, version=1,
+        model={k: v for k, v in model.to_dict().items() if v is not None},  # records carry no nulls
+        d_pp=d_pp, d_dp=len(pipelines),
+        roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
+        pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=model.micro_batches, step=0,
+        reason="test", issued_at=0.0, wire=wire, **runs,
+    )
+
+
+def peer_ids(tmp: Path, count: int) -> tuple[list[Path], list[str]]:
+    """The identity files peer0.key … of a run in `tmp` (made on first use, kept when already there), and their ids."""
+    identities = [tmp / f"peer{i}.key" for i in range(count)]
+    return identities, [peer_id_of(load_identity(path).get_public_key()) for path in identities]
+
+
+def train_swarm(tmp: Path, *, swarm: str, steps: int, d_pp: int = D_PP, d_dp: int = D_DP, model: ModelConfig = TINY,
+                wire: WireFormat = FP32, runs: dict | None = None, faulty: int | None = None,
+                fault: Fault = Fault.NONE, timeout_s: float = 150, **job) -> list[dict]:
+    """Trains a d_dp × d_pp swarm of separate processes (peer i is stage i mod d_pp of pipeline i div d_pp) for
+    `steps` steps, bootstrapped from a DHT node in this process; peer `faulty` misbehaves as `fault` says.
+    `job` holds the other TrainJob fields, the same for every peer. Returns each process's results in peer order,
+    with "faulty" marking the misbehaving one."""
+    identities, ids = peer_ids(tmp, d_pp * d_dp)
+    pipelines = [ids[r * d_pp:(r + 1) * d_pp] for r in range(d_dp)]
+    bootstrap, key = start_node(swarm, tmp / "bootstrap.key")
+    try:
+        assignment = assignment_for(pipelines, peer_id_of(key.get_public_key()), wire, model, **(runs or {}))
+        initial_peers = [str(maddr) for maddr in bootstrap.get_visible_maddrs()]
+        jobs = [TrainJob(swarm=swarm, identity_path=path, initial_peers=initial_peers, assignment=assignment,
+                         steps=steps, output_path=tmp / f"peer{i}.pt", torch_threads=1,
+                         fault=fault if i == faulty else Fault.NONE, **job)
+                for i, path in enumerate(identities)]
+        saved = run_training_processes(jobs, timeout_s=timeout_s)
+        return [state | {"faulty": i == faulty} for i, state in enumerate(saved)]
+    finally:
+        bootstrap.shutdown()
+        reap_children()
