@@ -113,10 +113,11 @@ def read(dht, field: str) -> dict:
 def killed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("health")
     with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
+        # the identities before the clients: a client that starts at once would make its own while we make ours
+        ids = {peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()): name for name in CLIENTS}
         swarm.start_coordinator("coordinator", *COORDINATOR_ARGS)
         clients = {name: swarm.start_client(name, "--coordinator", swarm.coordinator_id, "--ttl", str(CLIENT_TTL_S),
                                             "--torch-threads", "1") for name in CLIENTS}
-        ids = {peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()): name for name in CLIENTS}
         via = clients["alice"].wait_for(_JOINED_LINE, timeout_s=90).group(1)
         observer, _ = start_node(SWARM, tmp / "observer.key", [via])
         try:
