@@ -132,14 +132,19 @@ def sticky_pipelines(current: list[list[str]], view: SwarmView, *, d_dp: int | N
 
 def _filled(pipelines: list[list[str]], vacancies: list[tuple[int, int]], standbys: list[str], price
             ) -> list[list[str]] | None:
-    """Each vacancy, in turn, filled by the standby with the lowest predicted step time."""
+    """Each vacancy, in turn, filled by the standby with the lowest predicted step time. A candidate is priced with
+    the vacancies after it held by the other standbys, in order: `price` needs every peer in view, and two or more
+    peers often go at once (every replica of a stage, say)."""
     pipelines = [list(chain) for chain in pipelines]
-    for r, s in vacancies:
+    for k, (r, s) in enumerate(vacancies):
         best, best_s = None, np.inf
         for standby in standbys:
-            pipelines[r][s] = standby
+            trial = [list(chain) for chain in pipelines]
+            trial[r][s] = standby
+            for (later_r, later_s), other in zip(vacancies[k + 1:], [p for p in standbys if p != standby]):
+                trial[later_r][later_s] = other
             try:
-                seconds = price(pipelines)
+                seconds = price(trial)
             except NoFeasiblePlan:
                 continue
             if seconds < best_s:

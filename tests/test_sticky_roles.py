@@ -47,6 +47,21 @@ def test_a_dead_peer_is_replaced_by_a_standby_and_nobody_else_moves():
     assert reason.endswith(f"moved 1: …{newcomer[-6:]}→stage {before[gone]}"), reason
 
 
+def test_two_dead_peers_are_replaced_by_two_standbys_at_once_and_nobody_else_moves():
+    # Both replicas of a stage gone in one round (tests/test_state_survives.py kills them together): each vacancy is
+    # priced with the other one filled too, never with a peer that is not in view.
+    planner, records = replanner(improvement=0.5), worldwide_records(6)
+    first = first_plan(planner, records)
+    gone = [chain[1] for chain in first.pipelines]
+    for peer in gone:
+        del records[peer]
+    proposal, reason = planner.decide(records, now=2.0)
+    before, after = held_stages(first.pipelines), held_stages(proposal.pipelines)
+    assert {after[peer] for peer in set(after) - set(before)} == {1} and len(after) == 4, reason
+    assert all(after[peer] == stage for peer, stage in before.items() if peer not in gone), reason
+    assert "moved 2" in reason, reason
+
+
 def test_a_joiner_stays_a_standby_and_nobody_moves():
     planner, records = replanner(), worldwide_records(5)
     first = first_plan(planner, records)
