@@ -1,4 +1,5 @@
 """Real p2p daemons in the test's own process, for servicer tests that need no DHT (as hivemind's p2p tests do)."""
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -12,12 +13,18 @@ async def connected_p2ps(n: int) -> AsyncIterator[list[P2P]]:
     Bootstrapping each from the first alone leaves the others to find each other through p2pd's Kademlia table,
     which a loaded machine may not have filled when the test opens its first stream: a CI run saw the first
     all-reduce of two such daemons fail at once (tests/test_group_allreduce.py). The tests are not about routing.
+    Bootstrapping connects in the background, so each daemon is also waited for until it lists every other one as
+    connected (two xdist workers saw the first 8-bit round partial without that wait).
     """
     peers: list[P2P] = []
     try:
         for _ in range(n):
             earlier = [maddr for peer in peers for maddr in await peer.get_visible_maddrs()]
             peers.append(await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=earlier))
+        async with asyncio.timeout(30):
+            for p2p in peers:
+                while len({info.peer_id for info in await p2p.list_peers()} & {p.peer_id for p in peers}) < n - 1:
+                    await asyncio.sleep(0.05)
         yield peers
     finally:
         for p2p in peers:
