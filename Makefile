@@ -4,7 +4,7 @@
 #
 #   make demo                         hetswarm demo (extra options: make demo DEMO_ARGS="--steps 20")
 #   make test                         ruff check, then the test suite (extra args: make test PYTEST_ARGS=-x)
-#   make test-quick                   the tests that start no process and time nothing: a minute, for the inner loop
+#   make test-quick                   the tests that start no process and time nothing: 90 s, for the inner loop
 #   make lint                         ruff check only
 #   make clean                        remove .venv and the caches
 
@@ -35,7 +35,7 @@ test: lint
 	$(BIN)/python -m pytest -p no:xdist -m timing $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not swarm and not timing" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 -m "not swarm and not timing" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

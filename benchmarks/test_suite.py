@@ -1,7 +1,7 @@
 """Where the test suite's time goes, and whether it passes every time: runs of `bash .ci/run` from fresh clones.
 
-    python benchmarks/test_suite.py --runs 3            # three fresh clones of HEAD, one after another
-    python benchmarks/test_suite.py --log ci.log        # only the tables of a run already made (its output)
+    python benchmarks/test_suite.py --runs 5            # five fresh clones of HEAD, one after another
+    python benchmarks/test_suite.py --log ci.log --section test-suite-before --title "..."   # a run made before
 
 Each run clones the repository's HEAD into a new folder beside the shared folder's copy (as CI lays it out), runs
 `bash .ci/run` there with CI=true, and keeps its output. The section written to benchmarks/RESULTS.md gives each
@@ -71,8 +71,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1, help="fresh-clone runs of .ci/run, one after another")
     parser.add_argument("--log", type=Path, help="only tabulate this output of an earlier run")
+    parser.add_argument("--section", default="test-suite", help="the section of RESULTS.md to write")
+    parser.add_argument("--title", default="Test suite: `bash .ci/run` from a fresh clone, 2 cores")
+    parser.add_argument("--notes", default="", help="a paragraph to add under the title")
+    parser.add_argument("--head", help="the commit the --log run tested (default: HEAD)")
     args = parser.parse_args()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    head = args.head or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout
     rows = []
     if args.log:
         text = args.log.read_text(errors="replace")
@@ -86,9 +91,9 @@ def main() -> None:
             print(rows[-1], flush=True)
         text = log.read_text(errors="replace")
     runs = "\n".join(["| run | wall (install included) | verdict | pytest |", "|---|---|---|---|", *rows]) if rows else ""
-    write_section("test-suite", f"""## Test suite: `bash .ci/run` from a fresh clone, 2 cores
+    write_section(args.section, f"""## {args.title}
 
-`{command_line()}` at {head.strip()} on {datetime.date.today()}.
+`{command_line()}` at {head.strip()} on {datetime.date.today()}. {args.notes}
 
 {runs}
 

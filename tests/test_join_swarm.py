@@ -13,6 +13,7 @@ import pytest
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.emulation import SiteLinks
+from tests.helpers.waiting import pids_left
 
 SCENARIO = "worldwide"
 SITES = {"oregon": "Oregon", "virginia": "Virginia", "tokyo": "Tokyo", "london": "London"}  # 3 regions
@@ -70,7 +71,7 @@ def test_a_client_stopped_with_sigint_shows_leaving_and_exits(swarm, settled):
     snapshot = swarm.poll(lambda s: by_name(s).get("tokyo", {}).get("state") == "leaving", timeout_s=TTL_S)
     assert by_name(snapshot)["tokyo"]["state"] == "leaving"
     assert tokyo.process.wait(timeout=20) == 0
-    assert tokyo.alive_pids() == []
+    assert pids_left(tokyo) == []
 
 
 def test_a_killed_client_disappears_within_its_expiry(swarm, settled):

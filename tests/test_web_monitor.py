@@ -31,6 +31,7 @@ from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SCHEMAS, SwarmRecords
 from hetswarm.protocol.records import Progress
 from tests.helpers.shared_swarm import CLIENTS, ObservedSwarm
+from tests.helpers.waiting import pids_left
 
 ROOT = Path(__file__).resolve().parent.parent
 SWARM = "webtest"
@@ -259,10 +260,7 @@ def test_ctrl_c_stops_the_monitor_cleanly(monitor):
     process.signal(signal.SIGINT)
     assert process.process.wait(timeout=30) == 0, process.output()[-2000:]
     assert "Traceback" not in process.output()
-    deadline = time.monotonic() + 10  # torch's shared-memory manager leaves a moment after its parent (any monitor)
-    while process.alive_pids() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert process.alive_pids() == []
+    assert pids_left(process) == []
 
 
 @pytest.mark.timeout(180)

@@ -86,7 +86,7 @@ class OwnedDHT(hivemind.DHT):
         try:
             super().run()
         finally:  # normally p2pd is already gone (awaited in shutdown); not when the node failed half-way
-            _end_processes(psutil.Process().children(recursive=True))
+            end_processes(psutil.Process().children(recursive=True))
 
     def _end_when_orphaned(self) -> None:
         """Waits for the parent to die (we are re-parented), then shuts down cleanly or, failing that, hard."""
@@ -98,14 +98,14 @@ class OwnedDHT(hivemind.DHT):
         except (OSError, ValueError):
             pass
         time.sleep(ORPHAN_GRACE_S)  # a clean shutdown ends this process, and this daemon thread with it
-        _end_processes(psutil.Process().children(recursive=True))
+        end_processes(psutil.Process().children(recursive=True))
         os._exit(1)
 
     def shutdown(self) -> None:
         """hivemind's shutdown; if that had to terminate the DHT process, its p2pd is then ended by PID too."""
         daemons = _children_of(self.pid) if self.pid is not None and self.is_alive() else []
         super().shutdown()
-        _end_processes(daemons)
+        end_processes(daemons)
 
 
 class WholeMessagePipe:
@@ -143,7 +143,7 @@ def _children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _end_processes(processes: list[psutil.Process], grace_s: float = 1.0) -> None:
+def end_processes(processes: list[psutil.Process], grace_s: float = 1.0) -> None:
     """SIGTERM, then SIGKILL after `grace_s`, to those of `processes` still running (psutil checks the start
     time, so a recycled PID is never signalled)."""
     running = []

@@ -7,22 +7,14 @@ import multiprocessing.resource_tracker
 
 import psutil
 
+from hetswarm.client.peer.node import end_processes
+
 
 def reap_children(timeout_s: float = 5.0) -> list[int]:
     """Terminates, then kills, every descendant of this process but the servers it keeps for later tests."""
     me = psutil.Process()
     children = [child for child in me.children(recursive=True) if not _kept(me, child)]
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
+    end_processes(children, grace_s=timeout_s)
     return [child.pid for child in children]
 
 
