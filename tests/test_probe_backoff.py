@@ -4,12 +4,15 @@ every probe pass: the heartbeat publishes it, plus once per round that measured 
 The swarm is real, on 127.0.0.1: a `silent` node publishes a valid signed PeerRecord but serves no probe handler
 (as a peer without the probe service, or a crashed one until its record expires); a `good` peer is a Volunteer;
 `me` is a Volunteer with the smallest peer id, so it is the one that measures both links. Before the backoff, `me`
-probed `silent` about 1500 times in 20 s and published its record as often.
+probed `silent` about 1500 times in 20 s and published its record as often. A heartbeat no DHT node took is tried
+again within a second, not a period later (on a stand-in record store).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import hivemind
 import pytest
@@ -25,6 +28,7 @@ from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Hardware, PeerRecord
 from tests.helpers.dht_nodes import start_node
+from tests.helpers.swarm_records import IDS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +120,35 @@ def test_an_unprobeable_peer_is_retried_with_backoff_and_the_record_is_not_repub
 def test_a_backoff_that_could_spin_or_never_grow_is_refused(base_s: float, max_s: float):
     with pytest.raises(ConfigError, match="probe_backoff_s"):
         VolunteerConfig(probe_backoff_s=base_s, probe_backoff_max_s=max_s)
+
+
+class _RefusingOnce:
+    """A record store whose first store no DHT node takes (a loaded swarm), and that notes when each came."""
+
+    def __init__(self) -> None:
+        self.stores: list[float] = []
+
+    async def publish(self, record: PeerRecord, *, ttl_s: float) -> bool:
+        self.stores.append(asyncio.get_running_loop().time())
+        return len(self.stores) > 1
+
+
+@pytest.mark.timing  # measures the gaps between heartbeats
+def test_a_refused_heartbeat_is_tried_again_within_a_second_not_a_period_later():
+    records = _RefusingOnce()
+    node = SimpleNamespace(peer_id=IDS[0], records=records, config=SimpleNamespace(swarm=SWARM),
+                           dht=SimpleNamespace(get_visible_maddrs=lambda: []))
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(ttl_s=4.0))  # heartbeat every 2 s, a retry after 0.4 s
+
+    async def beat() -> float:
+        started = asyncio.get_running_loop().time()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await volunteer._heartbeat()
+        return started
+
+    started = asyncio.run(beat())
+    gaps = [b - a for a, b in zip([started, *records.stores], records.stores)]
+    assert len(gaps) == 3, gaps  # refused at 2 s, taken at 2.4 s, refreshed at 4.4 s
+    assert gaps[0] == pytest.approx(2.0, abs=0.3) and gaps[1] == pytest.approx(0.4, abs=0.3), gaps
+    assert gaps[2] == pytest.approx(2.0, abs=0.3), gaps

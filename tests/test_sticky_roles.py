@@ -1,6 +1,6 @@
 """Sticky roles: a re-plan keeps peers on their stages unless moving them pays (coordinator/sticky.py).
 
-Pure: the replanner on hand-made records of peers at the world-wide scenario's sites (tests/test_planner.py), and
+Pure: the replanner on hand-made records of peers at the world-wide scenario's sites (tests/helpers/plans.py), and
 the migration price against a hand computation.
 """
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 A `hetswarm` process spends about 2 s of CPU importing torch and hivemind before it does anything; the test suite
 starts dozens of them on a 2-core machine. Forked from a multiprocessing 'forkserver' that preloaded those modules,
-a process only imports hetswarm itself. The server holds no thread or event loop, so each child is as clean as a new interpreter
-and may fork hivemind's DHT process before starting threads (docs/hivemind.md, pitfall 3). Each child runs the
-same `main()` as the `hetswarm` entry point, with its output in its log file and its own environment.
+a process only imports hetswarm itself. The server holds no thread or event loop, so each child is as clean as a
+new interpreter and may fork hivemind's DHT process before starting threads (docs/hivemind.md, pitfall 3). Each
+child runs what `python -m hetswarm.client.cli` runs, with its output in its log file and its own environment.
 
 LocalSwarm uses the real entry point unless told otherwise (`LocalSwarm(..., preimported=True)`): the demo and the
-benchmarks run it, and so does at least one test of each command.
+benchmarks run it, and so do the tests of the demo, of orphaned processes, of the CLI's errors and logging, and of
+`hetswarm doctor` and `hetswarm token`.
 """
 from __future__ import annotations
 
@@ -76,9 +77,11 @@ def start_forked(args: Sequence[str], log_path: Path, env: dict[str, str], *,
 
 def _run(args: list[str], stdout_path: str, stderr_path: str, env: dict[str, str]) -> None:
     """In the child: stdin from /dev/null, stdout and stderr into their files, then what `python -m` would run."""
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(os.open(stdout_path, os.O_WRONLY | os.O_APPEND), 1)
-    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_APPEND), 2)
+    for path, flags, fd in ((os.devnull, os.O_RDONLY, 0), (stdout_path, os.O_WRONLY | os.O_APPEND, 1),
+                            (stderr_path, os.O_WRONLY | os.O_APPEND, 2)):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
     sys.stdout.reconfigure(line_buffering=True)  # a Popen'd child gets PYTHONUNBUFFERED; this one is already running
     sys.stderr.reconfigure(line_buffering=True)
     os.environ.clear()

@@ -51,8 +51,8 @@ TINY_RUN = GoldenRun("tiny", TINY, LR3_CONFIG, steps=30, states_after=(6,), firs
 """tests/test_training_correctness.py reads its 30 steps and first gradients; tests/test_step_faults.py and
 tests/test_compressed_training.py its parameters after 6 steps."""
 
-TINY_FP32 = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4, micro_batches=TINY.batch_tokens // TINY.seq_len
-                    // D_DP)
+TINY_FP32 = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4,
+                    micro_batches=TINY.batch_tokens // TINY.seq_len // D_DP)
 """The tiny model with fp32 activations on the wire, so that a swarm of `hetswarm` processes is exact, and one
 sequence per micro-batch, so that every way the coordinator may run it (execution_options) sums the gradients in
 the same order as the golden run: the equalities of the whole-swarm scenarios are about state surviving failures,
