@@ -9,6 +9,7 @@ clients switch, carry their weights and optimizer state over, and go on from the
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -92,12 +93,16 @@ def run(tmp_path_factory, request) -> dict:
 
 
 def test_every_peer_publishes_progress_with_increasing_steps(run):
-    for peer in run["ids"]:
+    for peer, log in zip(run["ids"], run["logs"].values()):
         entries = sorted((version, step) for p, version, step in run["seen"] if p == peer)
         assert entries[-1] == (2, MAX_STEPS - 1), entries
         v1_steps = [step for version, step in entries if version == 1]
         v2_steps = [step for version, step in entries if version == 2]
-        assert v1_steps and v1_steps[0] <= 1, entries  # v1 from step 0 (the first record may be missed)
+        assert v1_steps, entries
+        # v1 from step 0: the peer's own log says so, since a reader polling the records may see its first record
+        # only a few steps in (a single stage computes ahead: CI saw the first record seen at step 2)
+        assert re.search(r"Assignment 1: stage \d+ of pipeline \d+, from step 0\b", log), log[-2000:]
+        assert re.search(r"\bstep 0: loss|\bstep 0: \d+ tokens/s", log), log[-2000:]
         assert v2_steps[0] >= run["switch_step"], entries  # v2 goes on from the step it names, never back
 
 
