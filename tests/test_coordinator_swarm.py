@@ -128,7 +128,10 @@ def test_a_forged_and_an_unsound_assignment_are_ignored_by_every_client(swarm, s
     forger = peer_id_of(forger_key.get_public_key())
 
     async def publish_bad_assignments() -> tuple[int, bool]:
-        real = (await SwarmRecords(impostor_dht, SWARM).read(ASSIGNMENT_FIELD))[swarm.coordinator_id]
+        async with asyncio.timeout(30):  # a node that just joined may not find the record on its first read
+            while (real := (await SwarmRecords(impostor_dht, SWARM).read(ASSIGNMENT_FIELD)).get(
+                    swarm.coordinator_id)) is None:
+                await asyncio.sleep(0.5)
         forged = real.copy(update={"coordinator_id": forger, "version": real.version + 100})
         forged_stored = await SwarmRecords(forger_dht, SWARM, private_key=forger_key).publish(forged, ttl_s=30)
         # Signed by the coordinator's key but not a plan: layer ranges that do not cover the model. It outlives the
