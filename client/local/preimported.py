@@ -42,10 +42,6 @@ class ForkedProcess:
     def pid(self) -> int:
         return self._process.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
     def poll(self) -> int | None:
         return self._process.exitcode
 
