@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from hivemind.utils import get_dht_time
 
+from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.plan import cost_plan
 from hetswarm.coordinator.state_plan import newest_complete_checkpoint
@@ -48,10 +49,12 @@ class SwarmSnapshot:
                    progress=await records.progress(), read_at=read_at, refusals=await records.refusals())
 
     def assignment(self, coordinator: PeerId | None = None) -> Assignment | None:
-        """The pinned coordinator's assignment, or else the newest version anyone published."""
+        """The pinned coordinator's assignment, or else the newest version anyone published; one no client would
+        follow (assignment_follower.reason_to_refuse) is passed over, as the clients pass it over."""
+        sound = {signer: a for signer, a in self.assignments.items() if reason_to_refuse(a) is None}
         if coordinator is not None:
-            return self.assignments.get(coordinator)
-        return max(self.assignments.values(), key=lambda a: (a.version, a.issued_at), default=None)
+            return sound.get(coordinator)
+        return max(sound.values(), key=lambda a: (a.version, a.issued_at), default=None)
 
     def links_measured(self) -> tuple[int, int]:
         """(pairs of present peers with a measured link, pairs of present peers); leaving peers do not count."""
