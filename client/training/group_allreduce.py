@@ -203,6 +203,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
         self.wire_compression = allreduce_compression(codec)
         self._outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
+        self.reducer_failures: dict[PeerID, str] = {}
+        """Why each reducer whose averages we lack failed us: hivemind only counts the values it lost."""
         super().__init__(*args, **kwargs)
         reducer = self.tensor_part_reducer
         reducer.finished.set()  # unused: its finalizer would warn that it received none of its parts
@@ -264,6 +266,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         except BaseException as e:
             if isinstance(e, Exception):
                 logger.debug(f"Caught {e!r} when communicating to {peer_id}", exc_info=True)
+            self.reducer_failures[peer_id] = repr(e)
             self.tensor_part_container.register_failed_reducer(peer_index)
             raise
 
@@ -376,9 +379,10 @@ class StageGroup:
         failed_values, banned = runner.tensor_part_container.failed_size, runner.banned_senders
         if failed_values or banned:
             total = runner.tensor_part_container.total_size
+            failures = "".join(f"; reducer {peer}: {why}" for peer, why in runner.reducer_failures.items())
             raise PartialAllReduce(
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
-                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}", peers=banned)
+                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}", peers=banned)
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
