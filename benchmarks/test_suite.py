@@ -3,7 +3,8 @@
     python benchmarks/test_suite.py --runs 5            # five fresh clones of HEAD, one after another
     python benchmarks/test_suite.py --log ci.log --section test-suite-before --title "..."   # a run made before
 
-Each run clones the repository's HEAD into a new folder beside the shared folder's copy (as CI lays it out), runs
+Each run clones the repository into a new folder beside the shared folder's copy (as CI lays it out), checks out
+the commit that was HEAD when the script started (so that commits made meanwhile do not mix into the runs), runs
 `bash .ci/run` there with CI=true, and keeps its output. The section written to benchmarks/RESULTS.md gives each
 run's wall time (install included) and verdict, and, from the last run's `--durations` lines (pytest's
 setup + call + teardown of each test, summed over the two passes of `make test`), the seconds of every test module
@@ -31,11 +32,12 @@ _DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(tests/\S+)$", r
 _SUMMARY = re.compile(r"^=+ (.*(?:passed|failed|error).*) in ([0-9.]+)s", re.MULTILINE)
 
 
-def run_ci(log: Path) -> tuple[float, int]:
-    """`bash .ci/run` in a fresh clone of HEAD beside a copy of ../shared; returns (seconds, exit code)."""
+def run_ci(log: Path, commit: str) -> tuple[float, int]:
+    """`bash .ci/run` in a fresh clone at `commit` beside a copy of ../shared; returns (seconds, exit code)."""
     with tempfile.TemporaryDirectory(prefix="hetswarm-ci-") as folder:
         clone = Path(folder) / "main"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "--quiet", commit], cwd=clone, check=True)
         if (ROOT.parent / "shared").exists():
             shutil.copytree(ROOT.parent / "shared", Path(folder) / "shared")
         start = time.monotonic()
@@ -76,15 +78,15 @@ def main() -> None:
     parser.add_argument("--notes", default="", help="a paragraph to add under the title")
     parser.add_argument("--head", help="the commit the --log run tested (default: HEAD)")
     args = parser.parse_args()
-    head = args.head or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout
+    head = (args.head or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                        text=True, check=True).stdout).strip()  # every run tests this one commit
     rows = []
     if args.log:
         text = args.log.read_text(errors="replace")
     else:
         for run in range(1, args.runs + 1):
             log = Path(tempfile.gettempdir()) / f"hetswarm-ci-{run}.log"
-            seconds, code = run_ci(log)
+            seconds, code = run_ci(log, head)
             verdict = "passed" if code == 0 else f"FAILED (exit {code}; output in {log})"
             rows.append(f"| {run} | {seconds / 60:.1f} min | {verdict} | "
                         + "; ".join(s for s, _ in _SUMMARY.findall(log.read_text(errors="replace"))) + " |")
@@ -93,7 +95,7 @@ def main() -> None:
     runs = "\n".join(["| run | wall (install included) | verdict | pytest |", "|---|---|---|---|", *rows]) if rows else ""
     write_section(args.section, f"""## {args.title}
 
-`{command_line()}` at {head.strip()} on {datetime.date.today()}. {args.notes}
+`{command_line()}` at {head} on {datetime.date.today()}. {args.notes}
 
 {runs}
 

@@ -161,10 +161,10 @@ def test_a_forged_and_an_unsound_assignment_are_ignored_by_every_client(swarm, s
     for client in clients:
         assert f"Ignored assignment v{version + 100} signed by {forger}" in client.output(), client.name
         assert f"Refused assignment v{version + 50} from the coordinator: its layer ranges" in client.output()
-    snapshot = swarm.snapshot()
+    snapshot = swarm.snapshot()  # the coordinator may have re-planned meanwhile: below the bad versions is its own
     shown = snapshot["assignment"]  # the monitor passes over the unsound plan as the clients do; while it holds the
-    assert shown is None or shown["version"] == settled["assignment"]["version"], shown  # subkey, none is shown
-    assert all(p["assignment_version"] == settled["assignment"]["version"] for p in snapshot["peers"])
+    assert shown is None or shown["version"] < version + 50, shown  # subkey, none is shown
+    assert all(p["assignment_version"] < version + 50 for p in snapshot["peers"]), snapshot["peers"]
 
 
 def test_a_killed_client_is_planned_out_within_its_expiry_plus_the_debounce(swarm, settled):
