@@ -42,8 +42,8 @@ step's critical path (`step_terms`). benchmarks/mixed_swarm.py checks the model 
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
 gradients, two moments) plus the activations of the micro-batches in flight, 34·h + 5·a·s bytes per token per
-layer for 16-bit activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models", Sect. 4.1). GPipe keeps all M micro-batches until the backward pass. 1F1B (Narayanan et al. 2021,
+layer of a GPT-2 block for 16-bit activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", Sect. 4.1; ModelConfig.activation_bytes_per_token_per_layer counts a Llama block's). GPipe keeps all M micro-batches until the backward pass. 1F1B (Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sect. 2.2.1; PipeDream-Flush)
 starts micro-batch m's backward as soon as it can, so stage s holds at most min(D_PP − s, M) of them. Its step
 is GPipe's for equal stages and no longer for unequal ones, so the step time above holds for GPipe and bounds 1F1B
@@ -78,8 +78,6 @@ __all__ = ["Execution", "ExecutionOption", "LiveBreakdown", "NoFeasiblePlan", "S
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW first and second moments (4 + 4)."""
-_ACTIVATION_BYTES_PER_TOKEN_PER_D = 34
-"""Korthikanti et al. 2022, Sect. 4.1: 34·s·b·h + 5·a·s²·b bytes per layer with 16-bit activations."""
 _RECOMPUTE_FLOPS = 4 / 3
 """Forward (2 of the 6 FLOPs per parameter and token) done twice."""
 _BACKWARD_SHARE = {False: 2 / 3, True: 3 / 4}
@@ -189,7 +187,7 @@ class StageCosts:
                              for s in range(d_pp)], dtype=float)
 
         params = table(model.params_of)
-        full = _ACTIVATION_BYTES_PER_TOKEN_PER_D * model.d_model + 5 * model.n_heads * model.seq_len  # per layer
+        full = model.activation_bytes_per_token_per_layer
         held = (tokens / micro_batches * in_flight(schedule, d_pp=d_pp, micro_batches=micro_batches))[:, None]
         if recompute:  # the layer inputs of the micro-batches in flight, and one layer of one rebuilt at a time
             kept = held * layers * model.d_model * model.activation_bytes_per_value

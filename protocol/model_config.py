@@ -6,12 +6,18 @@ Pure Python: the scheduler and the coordinator price a model without importing t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+Architecture = Literal["gpt2", "llama"]
+"""The transformer block a model is built of (ModelConfig.architecture)."""
 
 PipelineSchedule = Literal["gpipe", "1f1b"]
 """The order of a stage's forward and backward passes in a step (client/training/pipeline_schedule.py); a plan
@@ -24,15 +30,35 @@ carry (docs/dtfm.md, reference constants); `dtfm-reference` accounting keeps it 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
-    """A GPT-style decoder (byte-level by default) and the batch it trains on per optimizer step."""
+    """A decoder-only transformer (byte-level by default) and the batch it trains on per optimizer step.
+
+    `architecture` picks the block: `gpt2` (nanoGPT's: LayerNorm, learned positions, GELU MLP of 4d, biases) or
+    `llama` (RMSNorm, rotary positions, SwiGLU MLP of `d_ff`, grouped-query attention with `n_kv_heads`, no biases;
+    transformers' LlamaDecoderLayer). Embeddings and the output head are untied in both.
+    """
 
     name: str
+    architecture: Architecture = "gpt2"
     n_layers: int
     d_model: int
     n_heads: int
     seq_len: int
     vocab_size: int = 256
     """Byte-level tokens need no tokenizer download."""
+    n_kv_heads: int | None = None
+    """Key and value heads of grouped-query attention (`llama`); None: one per query head."""
+    d_ff: int | None = None
+    """Width of the MLP's hidden layer (`llama`'s SwiGLU); None: 4·d_model. `gpt2` blocks are always 4·d_model."""
+    rope_theta: float = 10_000.0
+    """Base of the rotary position frequencies (`llama`)."""
+    norm_eps: float = 1e-5
+    """RMSNorm's epsilon (`llama`)."""
+    init_digest: str | None = None
+    """SHA-256 (hex) of the Hugging Face folder whose weights the model starts from (`hetswarm coordinator
+    --init-from`; client/training/hf_folder.py); None: from the seed."""
+    data_digest: str | None = None
+    """SHA-256 (hex) of the data every peer must train on (`hetswarm coordinator --data`; client/training/data.py);
+    None: whatever data each peer was given."""
     batch_tokens: int
     """Tokens per optimizer step over all pipelines together."""
     micro_batches: int = 4
@@ -58,6 +84,19 @@ class ModelConfig:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)} in model {self.name!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads} in {self.name!r}")
+        if self.architecture not in ("gpt2", "llama"):
+            raise ConfigError(f"architecture must be 'gpt2' or 'llama', got {self.architecture!r} in {self.name!r}")
+        if self.architecture == "gpt2" and (self.n_kv_heads, self.d_ff) != (None, None):
+            raise ConfigError(f"model {self.name!r}: n_kv_heads and d_ff are for the llama architecture")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads or self.ff_width < 1:
+            raise ConfigError(f"model {self.name!r}: need n_heads divisible by n_kv_heads and d_ff >= 1, got "
+                              f"{self.n_heads}, {self.n_kv_heads} and {self.d_ff}")
+        for field in ("init_digest", "data_digest"):
+            if (digest := getattr(self, field)) is not None and not _SHA256_HEX.fullmatch(digest):
+                raise ConfigError(f"model {self.name!r}: {field} must be 64 hex digits, got {digest!r}")
+        if not (0 < self.norm_eps < 1 and 1 < self.rope_theta < 1e9):
+            raise ConfigError(f"model {self.name!r}: need 0 < norm_eps < 1 and 1 < rope_theta < 1e9, got "
+                              f"{self.norm_eps} and {self.rope_theta}")
         if self.data_period is not None and self.data_period < 1:
             raise ConfigError(f"data_period must be positive or None, got {self.data_period} in model {self.name!r}")
         if self.payload_accounting not in ("exact", "dtfm-reference"):
@@ -66,20 +105,47 @@ class ModelConfig:
             raise ConfigError(f"model {self.name!r}: dtfm-reference accounting needs nominal_params (e.g. 1.3e9)")
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ff_width(self) -> int:
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @property
     def params_per_layer(self) -> int:
-        """Attention 4d²+4d, MLP 8d²+5d, two LayerNorms 4d (GPT-2 block with biases)."""
+        """`gpt2`: attention 4d²+4d, MLP 8d²+5d, two LayerNorms 4d. `llama`: queries and output 2d², keys and values
+        2·d·kv (kv = d·n_kv_heads/n_heads), SwiGLU 3·d·d_ff, two RMSNorms 2d."""
         d = self.d_model
+        if self.architecture == "llama":
+            kv = d * self.kv_heads // self.n_heads
+            return 2 * d * d + 2 * d * kv + 3 * d * self.ff_width + 2 * d
         return 12 * d * d + 13 * d
 
     @property
     def embedding_params(self) -> int:
-        """Token and position embeddings, held by the first stage."""
-        return (self.vocab_size + self.seq_len) * self.d_model
+        """Token embeddings, and (`gpt2`) learned position embeddings, held by the first stage."""
+        positions = self.seq_len if self.architecture == "gpt2" else 0
+        return (self.vocab_size + positions) * self.d_model
 
     @property
     def head_params(self) -> int:
-        """Final LayerNorm and the (untied) output projection, held by the last stage."""
-        return 2 * self.d_model + self.d_model * self.vocab_size
+        """Final norm (LayerNorm 2d, RMSNorm d) and the untied output projection, held by the last stage."""
+        norm = 2 * self.d_model if self.architecture == "gpt2" else self.d_model
+        return norm + self.d_model * self.vocab_size
+
+    @property
+    def activation_bytes_per_token_per_layer(self) -> float:
+        """Bytes one layer keeps for its backward pass per token, with 16-bit activations (Korthikanti et al. 2022,
+        Sect. 4.1). `gpt2`: 34·d + 5·n_heads·T (its dropout masks counted, as that paper does). `llama`, no
+        dropout: the norms' inputs and outputs 8d, queries, attention output and rotated queries 6d, keys and
+        values with their rotated keys 6·kv, the SwiGLU's gate, up, activation and product 8·d_ff, and the
+        attention scores 4·n_heads·T."""
+        d = self.d_model
+        if self.architecture == "llama":
+            kv = d * self.kv_heads // self.n_heads
+            return 14 * d + 6 * kv + 8 * self.ff_width + 4 * self.n_heads * self.seq_len
+        return 34 * d + 5 * self.n_heads * self.seq_len
 
     @property
     def total_params(self) -> int:

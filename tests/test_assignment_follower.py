@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import base58
+import pydantic.v1 as pydantic
 import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import CompositeValidator, DHTRecord
@@ -71,6 +72,16 @@ def test_an_unsound_assignment_is_refused_with_a_warning_and_the_previous_plan_s
     assert f"Refused assignment v2 from the coordinator: its {reason}" in caplog.text
     assert "keeping v1" in caplog.text
     assert follower.current.version == 1
+
+
+@pytest.mark.parametrize("theta", [float("nan"), float("inf")])
+def test_a_llama_plan_carries_its_float_fields_but_never_a_non_finite_one(proposal, theta):
+    data = assignment(proposal, 1).dict()
+    llama = {"architecture": "llama", "n_kv_heads": 2, "d_ff": 96, "rope_theta": 5e5, "norm_eps": 1e-6}
+    parsed = Assignment.parse_obj(data | {"model": data["model"] | llama}).model_config()
+    assert (parsed.architecture, parsed.kv_heads, parsed.rope_theta, parsed.norm_eps) == ("llama", 2, 5e5, 1e-6)
+    with pytest.raises(pydantic.ValidationError, match="model"):
+        Assignment.parse_obj(data | {"model": data["model"] | llama | {"rope_theta": theta}})
 
 
 def test_an_oversized_assignment_is_refused_before_sending_and_by_every_validator(tmp_path):

@@ -2,7 +2,8 @@
 
  * The scheduler (hetswarm.coordinator and its pure modules) imports without hivemind, torch or pydantic, so a
    researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm schedule` runs
-   without hivemind or torch, checked by running it in one.
+   without hivemind or torch, checked by running it in one; the CLI and the training runtime load transformers
+   only for a Hugging Face model.
  * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
    client/cli imports the CLI; client/training reaches, of hetswarm, only protocol, client.peer and itself:
    checked statically, from every import statement in the source files (also those inside functions).
@@ -92,6 +93,13 @@ def test_hetswarm_schedule_runs_without_hivemind_or_torch():
                                                 "--no-baselines"])
     planned = json.loads(output)
     assert planned["d_dp"] * planned["d_pp"] == 64 and planned["cost"] > 0, planned
+
+
+@pytest.mark.swarm
+def test_the_cli_and_the_training_runtime_import_without_transformers():
+    """Only Hugging Face models and `hetswarm export` need transformers (seconds to import): a GPT-2 swarm does not."""
+    _probe(["transformers", "safetensors"], ["hetswarm.client.cli.app", "hetswarm.client.training.trainer",
+                                             "hetswarm.client.training.model"])
 
 
 # --- static checks -----------------------------------------------------------------------------------------------

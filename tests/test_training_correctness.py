@@ -9,15 +9,13 @@ processes that run 1F1B over an uneven cut with recomputation.
 from dataclasses import replace
 
 import pytest
-import torch
 
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import reference_step, step_batches
 from hetswarm.client.training.stage_worker import StageConfig
-from hetswarm.protocol.model_config import ModelConfig
 from tests.helpers.golden_runs import LR3_CONFIG, TINY_RUN
-from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY, train_swarm
+from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY, assert_first_step_is_the_reference, train_swarm
 
 pytestmark = pytest.mark.swarm
 
@@ -28,7 +26,7 @@ CONFIG = StageConfig(lr=LR3_CONFIG.lr, frame_timeout_s=60, sender_timeout_s=30, 
 
 @pytest.mark.timeout(200)
 def test_first_distributed_step_equals_the_single_process_reference(golden_tiny):
-    _assert_first_step_is_the_reference(golden_tiny, TINY, d_pp=D_PP, d_dp=D_DP)
+    assert_first_step_is_the_reference(golden_tiny, TINY, d_pp=D_PP, d_dp=D_DP)
 
 
 @pytest.mark.timeout(200)
@@ -39,24 +37,7 @@ def test_1f1b_with_an_uneven_cut_and_recomputation_equals_the_reference(tmp_path
     results = train_swarm(tmp_path, swarm="correctness", d_pp=3, d_dp=1, steps=1, model=model, seed=SEED,
                           save_first_grads=True, config=CONFIG,
                           runs={"stage_layers": [[0, 2], [2, 3], [3, 4]], "recompute": True, "schedule": "1f1b"})
-    _assert_first_step_is_the_reference(results, model, d_pp=3, d_dp=1)
-
-
-def _assert_first_step_is_the_reference(results: list[dict], model: ModelConfig, *, d_pp: int, d_dp: int) -> None:
-    batches = step_batches(TokenSource.from_path(None), model, step=0, n_pipelines=d_dp)
-    reference = reference_step(build_full_model(model, seed=SEED), batches)
-
-    last_stage = [r for r in results if r["stage"] == d_pp - 1]
-    distributed_loss = sum(r["reports"][0]["loss"] for r in last_stage) / d_dp  # mean over the pipelines
-    assert distributed_loss == pytest.approx(reference.loss, abs=1e-5)
-    assert all(r["reports"][0]["loss"] is None for r in results if r["stage"] != d_pp - 1)
-
-    checked = set()
-    for result in results:  # every replica of every stage holds the averaged gradient
-        for name, grad in result["first_grads"].items():
-            torch.testing.assert_close(grad, reference.grads[name], rtol=1e-5, atol=1e-5, msg=name)
-            checked.add(name)
-    assert checked == set(reference.grads)
+    assert_first_step_is_the_reference(results, model, d_pp=3, d_dp=1)
 
 
 def _swarm_losses(results: list[dict]) -> list[float]:

@@ -6,6 +6,9 @@
  * coordinator.py - `hetswarm coordinator`
  * demo.py        - `hetswarm demo`
  * doctor.py      - `hetswarm doctor`: one verdict per check of this peer's set-up and its swarm
+ * export.py      - `hetswarm export`: checkpoints to a Hugging Face model folder
+ * generate.py    - `hetswarm generate`: sample from an exported folder
+ * data.py        - `hetswarm data prepare`: documents to token files with an index and a digest
  * web.py         - `monitor --web`: the live page and /api/v1/state (aiohttp; static/ holds its HTML, JS, CSS)
  * processes.py   - the processes behind the long-running commands: start-up order, signals, clean exits
  * render.py      - everything drawn for people: the monitor's tables, the demo's live view and summary

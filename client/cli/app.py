@@ -8,8 +8,11 @@ import typer
 
 from hetswarm.client.cli import processes
 from hetswarm.client.cli.coordinator import coordinator
+from hetswarm.client.cli.data import data_app
 from hetswarm.client.cli.demo import demo
 from hetswarm.client.cli.doctor import doctor
+from hetswarm.client.cli.export import export
+from hetswarm.client.cli.generate import generate
 from hetswarm.client.cli.options import (
     AnnounceMaddrsOpt,
     CoordinatorOpt,
@@ -46,6 +49,9 @@ app.command()(schedule)
 app.command(cls=EnvvarCommand)(coordinator)
 app.command()(demo)
 app.command()(doctor)
+app.command()(export)
+app.command()(generate)
+app.add_typer(data_app, name="data")
 
 @app.command(cls=EnvvarCommand)
 def join(
@@ -68,8 +74,9 @@ def join(
     ttl: Annotated[float, typer.Option(help="Seconds the peer record lives without a heartbeat.")] = 60.0,
     probe_bytes: Annotated[int, typer.Option(help="Most bytes streamed to a peer to measure bandwidth.")] = 8 * 2**20,
     coordinator: CoordinatorOpt = None,
-    data: Annotated[Optional[Path], typer.Option(help="With --coordinator: text file or folder to train on "
-                                                      "(default: a built-in corpus).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="With --coordinator: text file or folder to train on, or "
+                                                      "a folder of `hetswarm data prepare` (default: a built-in "
+                                                      "corpus).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="With --coordinator: stop training before this step "
                                                           "and keep serving until Ctrl+C.")] = None,
     seed: Annotated[int, typer.Option(help="With --coordinator: model and data seed, the same on every peer.")] = 0,
@@ -78,6 +85,9 @@ def join(
     checkpoint_dir: Annotated[Optional[Path], typer.Option(help="With --coordinator: keep checkpoints of this "
                                                                 "peer's stage here, when the plan asks it to, and "
                                                                 "offer them to resume the run.")] = None,
+    model_dir: Annotated[Optional[Path], typer.Option(help="With --coordinator: your copy of the Hugging Face "
+                                                           "folder the coordinator's --init-from names (checked "
+                                                           "by its SHA-256).")] = None,
     join_token: Annotated[Optional[str], typer.Option(help="The token the operator of a closed swarm gave you for "
                                                            "this identity (needs --identity-path).")] = None,
     metrics_port: MetricsPortOpt = None,
@@ -105,7 +115,8 @@ def join(
     if emulation is not None and site is None:
         raise HetswarmError("--emulate needs --site: the scenario site this peer pretends to be at")
     training = TrainingSetup(data_path=data, seed=seed, torch_threads=torch_threads,
-                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl, checkpoint_dir=checkpoint_dir)
+                             config=TrainerConfig(max_steps=max_steps, ttl_s=ttl, checkpoint_dir=checkpoint_dir,
+                                                  model_dir=model_dir)
                              ) if coordinator else None
     processes.join(node_config, volunteer_config, device=device, throughput=throughput, emulation=emulation,
                    training=training, metrics=metrics_address(metrics_port, metrics_host),

@@ -1,6 +1,8 @@
 """`hetswarm coordinator`: the peer that schedules the swarm and broadcasts signed stage assignments."""
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,8 +29,8 @@ from hetswarm.coordinator.broadcaster import BroadcastConfig
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.run_state import state_path_for
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.protocol.errors import HetswarmError, RejectedInput
-from hetswarm.protocol.model_config import MODEL_PRESETS, load_model_config
+from hetswarm.protocol.errors import ConfigError, HetswarmError, RejectedInput
+from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
 
 
 def coordinator(
@@ -39,7 +41,16 @@ def coordinator(
     announce_maddrs: AnnounceMaddrsOpt = [],
     identity_path: IdentityPathOpt = None,
     swarm: SwarmOpt = DEFAULT_SWARM,
-    model: Annotated[str, typer.Option(help=f"Model preset ({', '.join(MODEL_PRESETS)}) or a JSON file.")] = "tiny",
+    model: Annotated[str, typer.Option(help=f"Model preset ({', '.join(MODEL_PRESETS)}), a JSON file of its fields, "
+                                            "or a Hugging Face Llama or GPT-2 folder (or its config.json), whose "
+                                            "shape is trained from the seed.")] = "tiny",
+    init_from: Annotated[Optional[Path], typer.Option(help="Start the model from this Hugging Face folder's "
+                                                           "weights (its shape must be --model's): the plan names "
+                                                           "them by SHA-256, and every peer loads its stage from "
+                                                           "its own copy (hetswarm join --model-dir).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Pin the plan to this data (a text file or folder, or a "
+                                                     "folder of `hetswarm data prepare`): a peer whose --data "
+                                                     "differs refuses the plan.")] = None,
     dp: Annotated[str, typer.Option("--dp", help="D_DP, pipelines: a number or auto.")] = "auto",
     pp: Annotated[str, typer.Option("--pp", help="D_PP, stages: a number or auto.")] = "auto",
     micro_batches: Annotated[Optional[int], typer.Option(help="Micro-batches per pipeline (default: the model's).")] = None,
@@ -97,7 +108,11 @@ def coordinator(
                             "this coordinator as its first peer")
     overrides = {name: value for name, value in (("micro_batches", micro_batches), ("data_period", data_period))
                  if value}
-    model_config = load_model_config(model, **overrides)
+    model_config = load_model(model, **overrides)
+    if init_from is not None:
+        model_config = starting_from(model_config, init_from)
+    if data is not None:
+        model_config = trained_on(model_config, data)
     planner_config = PlannerConfig(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
         search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
@@ -129,3 +144,40 @@ def _aggregation(name: str) -> str:
     if name not in ("mean", "centered-clip"):
         raise RejectedInput(f"--aggregation must be mean or centered-clip, got {name!r}")
     return name.replace("-", "_")
+
+
+def load_model(model: str, **overrides) -> ModelConfig:
+    """--model: a preset, a JSON file of ModelConfig fields, or a Hugging Face folder or its config.json (told
+    apart by its `model_type`); transformers is imported for the last only."""
+    path = Path(model)
+    if path.is_file() and path.suffix == ".json":
+        try:
+            is_hf = "model_type" in json.loads(path.read_text())
+        except (OSError, ValueError, TypeError) as e:
+            raise ConfigError(f"{path} is not a model config ({type(e).__name__}: {e})") from None
+        path = path.parent if is_hf else path
+    if not path.is_dir():
+        return load_model_config(model, **overrides)
+    from hetswarm.client.training.hf_folder import model_config_of
+    return replace(model_config_of(path), **overrides)
+
+
+def starting_from(model: ModelConfig, folder: Path) -> ModelConfig:
+    """The model, starting from the folder's weights (ModelConfig.init_digest); the folder must build its shape."""
+    from hetswarm.client.training.hf_folder import model_config_of, same_shape, weights_digest
+
+    if not same_shape(model_config_of(folder), model):
+        raise ConfigError(f"--init-from {folder} is not the shape of --model {model.name!r}: give the folder to "
+                          "--model too")
+    return replace(model, init_digest=weights_digest(folder))
+
+
+def trained_on(model: ModelConfig, path: Path) -> ModelConfig:
+    """The model, pinned to the data at `path` (ModelConfig.data_digest); its vocabulary must hold the data's."""
+    from hetswarm.client.training.data import TokenSource
+
+    data = TokenSource.from_path(path)
+    if data.vocab_size > model.vocab_size:
+        raise ConfigError(f"--data {path} has a vocabulary of {data.vocab_size}, more than the {model.vocab_size} "
+                          f"tokens of --model {model.name!r}")
+    return replace(model, data_digest=data.digest)

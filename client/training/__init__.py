@@ -1,8 +1,13 @@
 """The pipeline runtime: one stage of a plan, trained over direct peer streams. Of ours it imports only
 hetswarm.protocol and hetswarm.client.peer.
 
- * model.py             - GPT stages (nanoGPT-style) and their loss, built for a layer range from a seed
- * data.py              - byte-level tokens; a default corpus that needs no download
+ * model.py             - stages of GPT-2 (nanoGPT-style) or Llama blocks and their loss, for a layer range, seeded
+ * llama.py             - Llama parts from transformers' modules, and their Hugging Face names
+ * gpt2_hf.py           - our GPT-2 tensors as a Hugging Face GPT2LMHeadModel names and lays them out
+ * hf_folder.py         - Hugging Face folders: a config, a stage's tensors by key, an export
+ * data.py              - the tokens a pipeline draws its micro-batches from: bytes of text, or a prepared folder's;
+                          a default corpus that needs no download
+ * prepared_data.py     - `hetswarm data prepare`: documents tokenized into flat token files, an index, a digest
  * reference.py         - the single-process step that a distributed step must equal
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
  * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner, bit-identical results)
@@ -14,7 +19,8 @@ hetswarm.protocol and hetswarm.client.peer.
  * stage_worker.py      - one stage's step, composed from the pieces above
  * stage_state.py       - a stage's parameters and optimizer state as named tensors: hashed, encoded, re-cut
  * state_handoff.py     - a peer that takes a stage downloads its state from the replicas that hold it
- * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background
+ * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background, and
+                          the newest step a set of them holds whole
  * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce,
                           a step aborted on every attempt, a commit whose outcome is unknown
  * trainer.py           - follows assignments: (re)starts the stage worker from the right state, publishes

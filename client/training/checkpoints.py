@@ -17,19 +17,19 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetswarm.client.training.stage_state import StageState, decode_tensors, merged, unit_of, units_of_layers
 from hetswarm.protocol.atomic_files import write_bytes, write_json
-from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.errors import ConfigError, RejectedInput
 from hetswarm.protocol.keys import check_swarm_name
 from hetswarm.protocol.limits import MAX_CHECKPOINTS_PER_RECORD
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import CheckpointInfo
 
-__all__ = ["CheckpointDir", "CheckpointMeta", "CheckpointWriter"]
+__all__ = ["CheckpointDir", "CheckpointMeta", "CheckpointWriter", "newest_whole_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,32 @@ class CheckpointDir:
         for meta in [m for m in self.list() if m.layers == layers][self.keep:]:
             for path in (meta.path, meta.path.with_suffix(".json")):
                 path.unlink(missing_ok=True)
+
+
+def newest_whole_model(folders: Sequence[CheckpointDir]) -> tuple[ModelConfig, StageState]:
+    """The newest step that the checkpoints in ``folders`` (one per peer, each holding some stages) hold every
+    layer of, assembled from them with every digest checked; the optimizer state is kept in the tensors.
+
+    Raises:
+        ConfigError: no checkpoints, or no step whose checkpoints cover the model (the newest step's gap is named).
+    """
+    metas = [meta for folder in folders for meta in folder.list()]
+    if not metas:
+        raise ConfigError(f"no checkpoints in {', '.join(str(folder.folder) for folder in folders)}")
+    gaps = []
+    for step in sorted({meta.step for meta in metas}, reverse=True):
+        model = ModelConfig.from_dict(next(meta.model for meta in metas if meta.step == step))
+        needed = units_of_layers((0, model.n_layers), model.n_layers)
+        whole = None
+        for folder in folders:
+            missing = sorted(set(needed) - set(whole.units if whole else ()))
+            if missing:
+                whole = merged(whole, folder.find_part(step, missing))
+        lacking = sorted(set(needed) - set(whole.units if whole else ()))
+        if not lacking:
+            return model, whole
+        gaps.append(f"step {step} lacks {', '.join(lacking)}")
+    raise ConfigError(f"no step whose checkpoints hold the whole model: {'; '.join(gaps[:3])}")
 
 
 class CheckpointWriter:

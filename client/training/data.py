@@ -1,11 +1,14 @@
-"""Byte-level training data: every byte is a token (vocab 256), so no tokenizer has to be downloaded.
+"""Training data: the bytes of text (every byte a token, vocab 256: no tokenizer to download), or the tokens of a
+folder `hetswarm data prepare` wrote (client/training/prepared_data.py).
 
-The corpus is the user's text (a file, or every *.txt and *.md file under a folder) or, with no path, English-like
-text generated from a built-in word list by a seeded RNG, so `hetswarm demo` needs nothing from the internet and
-an installed wheel carries no data file. Pipeline i of n reads only shard i (the i-th contiguous n-th of the
-corpus). A micro-batch is a pure function of (seed, step, pipeline, micro-batch): the first stage (which needs the
-inputs) and the last stage (which needs the targets) of a pipeline draw the same one without talking.
+The text is the user's (a file, or every *.txt and *.md file under a folder) or, with no path, English-like text
+generated from a built-in word list by a seeded RNG, so `hetswarm demo` needs nothing from the internet and an
+installed wheel carries no data file. Pipeline i of n reads only shard i (the i-th contiguous n-th of the tokens).
+A micro-batch is a pure function of (seed, step, pipeline, micro-batch): the first stage (which needs the inputs)
+and the last stage (which needs the targets) of a pipeline draw the same one without talking. Every source has a
+SHA-256 digest, by which a plan names the data it trains on.
 """
+import hashlib
 import random
 from pathlib import Path
 
@@ -78,20 +81,34 @@ def sequences_per_micro_batch(config: ModelConfig, n_pipelines: int) -> int:
 
 
 class TokenSource:
-    """A corpus of byte tokens from which any pipeline can draw any micro-batch of any step, deterministically."""
+    """Tokens from which any pipeline can draw any micro-batch of any step, deterministically."""
 
-    def __init__(self, corpus: bytes, *, seed: int = 0) -> None:
-        if not corpus:
+    def __init__(self, corpus: bytes | np.ndarray, *, seed: int = 0, vocab_size: int = 256,
+                 digest: str | None = None) -> None:
+        """
+        Args:
+            corpus: text as bytes (each byte a token), or a 1-D array of token ids (a prepared folder's, mapped).
+            vocab_size: one more than the largest token id the data may hold; a model needs at least this many.
+            digest: SHA-256 of the data, hex, when known (a prepared folder's, checked); else computed here.
+        """
+        tokens = np.frombuffer(corpus, dtype=np.uint8) if isinstance(corpus, bytes) else corpus
+        if len(tokens) == 0:
             raise DataError("the training corpus is empty")
-        self.tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)  # (N,)
-        self.seed = seed
+        self.tokens, self.seed, self.vocab_size = tokens, seed, vocab_size  # tokens: (N,)
+        self.digest = digest or hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest()
 
     @classmethod
     def from_path(cls, path: str | Path | None, *, seed: int = 0) -> "TokenSource":
-        """The corpus at ``path`` (a file or a folder, as the user's --data gives it), or the default corpus."""
+        """The data at ``path`` (a text file, a folder of them, or a prepared folder, as the user's --data gives
+        it), or the default corpus."""
+        if path is not None and (Path(path) / "index.json").is_file():
+            from hetswarm.client.training.prepared_data import PreparedData  # tokens of `hetswarm data prepare`
+
+            prepared = PreparedData.open(Path(path))
+            return cls(prepared.split("train"), seed=seed, vocab_size=prepared.vocab_size, digest=prepared.digest)
         return cls(default_corpus() if path is None else read_corpus(Path(path)), seed=seed)
 
-    def shard(self, pipeline: int, n_pipelines: int) -> torch.Tensor:
+    def shard(self, pipeline: int, n_pipelines: int) -> np.ndarray:
         """The contiguous part of the corpus that pipeline ``pipeline`` of ``n_pipelines`` reads."""
         if not 0 <= pipeline < n_pipelines:
             raise ValueError(f"pipeline must be in [0, {n_pipelines}), got {pipeline}")
@@ -103,7 +120,7 @@ class TokenSource:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``micro_batch`` of pipeline ``pipeline`` at optimizer step ``step``.
 
-        Each row is a window of seq_len + 1 bytes at a random offset in the pipeline's shard, the RNG seeded by
+        Each row is a window of seq_len + 1 tokens at a random offset in the pipeline's shard, the RNG seeded by
         (seed, step, pipeline, sequence) with sequence = micro_batch · micro_batch_size + row, so that a step trains
         on the same sequences however a plan splits it into micro-batches; the targets are the inputs shifted left
         by one token.
@@ -112,15 +129,15 @@ class TokenSource:
             (inputs, targets), both int64 of shape (micro_batch_size, seq_len).
 
         Raises:
-            DataError: the shard is shorter than seq_len + 1 bytes.
+            DataError: the shard is shorter than seq_len + 1 tokens.
         """
         shard = self.shard(pipeline, n_pipelines)
         windows = len(shard) - seq_len  # window starts 0 .. len - seq_len - 1
         if windows < 1:
-            raise DataError(f"the corpus ({len(self.tokens)} bytes) cut into {n_pipelines} shards leaves "
-                            f"{len(shard)} bytes for pipeline {pipeline}: fewer than seq_len + 1 = {seq_len + 1}")
+            raise DataError(f"the corpus ({len(self.tokens)} tokens) cut into {n_pipelines} shards leaves "
+                            f"{len(shard)} tokens for pipeline {pipeline}: fewer than seq_len + 1 = {seq_len + 1}")
         first = micro_batch * micro_batch_size
-        starts = torch.tensor([[int(np.random.SeedSequence([self.seed, step, pipeline, sequence]).generate_state(
+        starts = np.array([[int(np.random.SeedSequence([self.seed, step, pipeline, sequence]).generate_state(
             1, np.uint64)[0] % windows)] for sequence in range(first, first + micro_batch_size)])  # (B, 1)
-        rows = shard[starts + torch.arange(seq_len + 1)].long()  # (B, T + 1)
+        rows = torch.from_numpy(shard[starts + np.arange(seq_len + 1)].astype(np.int64))  # (B, T + 1)
         return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)

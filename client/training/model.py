@@ -1,8 +1,9 @@
-"""The GPT decoder a hetswarm swarm trains, built one pipeline stage at a time.
+"""The decoder a hetswarm swarm trains, built one pipeline stage at a time.
 
 nanoGPT's model (karpathy/nanoGPT, model.py) cut into stages: GPT-2 blocks with biases, pre-norm, an untied
-output head. A stage holds only its layer range [a, b) of the model; the first also holds the embeddings, the
-last the final LayerNorm and the head. Parameter names are global (``blocks.5.attn.qkv.weight`` whatever the
+output head; or, for ``architecture="llama"``, transformers' Llama blocks (client/training/llama.py). A stage
+holds only its layer range [a, b) of the model; the first also holds the embeddings, the last the final norm and
+the head. Parameter names are global (``blocks.5.attn.qkv.weight`` whatever the
 split), so a stage's state dict can be handed to a peer whose stage covers other layers.
 
 Every module is initialised from its own generator, seeded by (seed, module): a stage's parameters do not depend
@@ -107,9 +108,17 @@ class StageModule(nn.Module):
         if not 0 <= a < b <= config.n_layers:
             raise ValueError(f"layer range [{a}, {b}) is not a non-empty part of {config.n_layers} layers")
         self.config, self.layers = config, (a, b)
-        self.embed = Embedding(config) if is_first else None
-        self.blocks = nn.ModuleDict({str(i): Block(config) for i in range(a, b)})  # keyed by global layer index
-        self.head = Head(config) if is_last else None
+        if config.architecture == "llama":
+            from hetswarm.client.training import llama  # transformers, imported only by the models that need it
+            hf = llama.hf_config(config)
+            embedding, block, head = llama.LlamaEmbedding, lambda i: llama.LlamaDecoderLayer(hf, i), llama.LlamaHead
+            self.rotary, self._norms = llama.Rotary(hf), (llama.LlamaRMSNorm,)
+        else:
+            embedding, block, head = Embedding, lambda i: Block(config), Head
+            self.rotary, self._norms = None, (nn.LayerNorm,)
+        self.embed = embedding(config) if is_first else None
+        self.blocks = nn.ModuleDict({str(i): block(i) for i in range(a, b)})  # keyed by global layer index
+        self.head = head(config) if is_last else None
 
     @property
     def is_first(self) -> bool:
@@ -125,28 +134,34 @@ class StageModule(nn.Module):
                 raise ValueError(f"the first stage takes int64 tokens (B, T ≤ {self.config.seq_len}), "
                                  f"got {x.dtype} {tuple(x.shape)}")
             x = self.embed(x)  # (B, T, C)
+        positions = {} if self.rotary is None else {"position_embeddings": self.rotary(x)}  # Llama's (cos, sin)
         for block in self.blocks.values():
             if self.recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # (B, T, C), rebuilt in the backward pass
+                x = checkpoint(block, x, use_reentrant=False, **positions)  # (B, T, C), rebuilt in the backward
             else:
-                x = block(x)  # (B, T, C)
+                x = block(x, **positions)  # (B, T, C)
         return self.head(x) if self.head is not None else x  # (B, T, V) or (B, T, C)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """GPT-2 init (nanoGPT): N(0, 0.02) weights, zero biases, unit LayerNorms, residual projections scaled by
-        1/√(2·n_layers); each module draws from its own generator so the result is independent of the split."""
+        """GPT-2 init (nanoGPT): N(0, 0.02) weights, zero biases, unit norms, and for `gpt2` residual projections
+        scaled by 1/√(2·n_layers) (Llama's init in transformers does not scale them); each module draws from its
+        own generator so the result is independent of the split."""
         residual_std = _INIT_STD / math.sqrt(2 * self.config.n_layers)
+        gpt2 = self.config.architecture == "gpt2"
+        if self.rotary is not None:
+            self.rotary.reset()
         parts = [(f"block {i}", block) for i, block in self.blocks.items()]
         parts += [(tag, part) for tag, part in (("embedding", self.embed), ("head", self.head)) if part is not None]
         for tag, part in parts:
             generator = torch.Generator().manual_seed(_module_seed(seed, tag))
             for name, module in part.named_modules():  # registration order: fixed by the classes above
-                if isinstance(module, nn.LayerNorm):
+                if isinstance(module, self._norms):
                     module.weight.fill_(1.0)
-                    module.bias.zero_()
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
                 elif isinstance(module, nn.Linear | nn.Embedding):
-                    std = residual_std if name.endswith("proj") else _INIT_STD  # writes into the residual stream
+                    std = residual_std if gpt2 and name.endswith("proj") else _INIT_STD  # into the residual stream
                     module.weight.normal_(0.0, std, generator=generator)
                     if getattr(module, "bias", None) is not None:
                         module.bias.zero_()

@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -59,7 +60,7 @@ from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replic
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.records import Assignment, PeerId
 
-__all__ = ["StageConfig", "StageWorker", "StepReport", "start_stage"]
+__all__ = ["StageConfig", "StageWorker", "StepReport", "check_data", "start_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -485,14 +486,17 @@ class StageWorker:
 async def start_stage(
     assignment: Assignment, me: PeerId, *, p2p: P2P, swarm: str, device: torch.device | str, data: TokenSource,
     seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
+    model_dir: Path | None = None,
 ) -> StageWorker:
     """Builds this peer's stage of the plan, serving its neighbour streams and its group, once all its peers answer.
 
     Every peer of the swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start
-    from identical weights and the two ends of a pipeline draw the same micro-batches.
+    from identical weights and the two ends of a pipeline draw the same micro-batches. A model that starts from a
+    Hugging Face folder's weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
 
     Raises:
-        StageError: ``me`` has no role in the assignment, or its peers did not come up in time.
+        StageError: ``me`` has no role in the assignment, its peers did not come up in time, ``data`` is not the
+            plan's, or ``model_dir`` is not the folder the plan's model starts from.
     """
     if me not in assignment.roles:
         raise StageError(f"{me} has no role in assignment version {assignment.version}")
@@ -502,6 +506,9 @@ async def start_stage(
     module = build_stage(model_config, role.stage, assignment.d_pp, seed=seed, device=device,
                          stage_layers=assignment.stage_layers,  # only its layers, cut as the plan says
                          recompute=assignment.recompute)
+    check_data(model_config, data)
+    if model_config.init_digest is not None:
+        await _load_initial_weights(module, model_dir)
 
     neighbours = [my_pipeline[s] if 0 <= s < assignment.d_pp else None for s in (role.stage - 1, role.stage + 1)]
     previous, following = (PeerID.from_base58(peer) if peer else None for peer in neighbours)
@@ -540,6 +547,26 @@ async def start_stage(
         await worker.close()
         raise
     return worker
+
+
+def check_data(model: ModelConfig, data: TokenSource) -> None:
+    """Raises StageError when this peer's data is not the plan's, or holds tokens beyond the model's vocabulary."""
+    if data.vocab_size > model.vocab_size:
+        raise StageError(f"this peer's data has a vocabulary of {data.vocab_size}, more than the {model.vocab_size} "
+                         f"tokens of the plan's model {model.name!r}")
+    if model.data_digest is not None and data.digest != model.data_digest:
+        raise StageError(f"this peer's --data has SHA-256 {data.digest}, the plan trains on data with SHA-256 "
+                         f"{model.data_digest}: another corpus, or another preparation of it")
+
+
+async def _load_initial_weights(module: StageModule, model_dir: Path | None) -> None:
+    """The folder's tensors of this stage, read in a worker thread (hashing a large folder takes seconds)."""
+    from hetswarm.client.training.hf_folder import load_initial_weights  # transformers: only for such models
+
+    try:
+        await asyncio.to_thread(load_initial_weights, module, model_dir)
+    except ConfigError as e:
+        raise StageError(f"cannot start from the plan's initial weights: {e}") from e
 
 
 def _check_deltas(plan: StreamPlan, config: StageConfig) -> None:

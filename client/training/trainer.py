@@ -102,6 +102,8 @@ class TrainerConfig:
     """How long a peer starting a hand-off plan waits for the plan's state sources to say which step they hold."""
     emulated_tflops: float | None = None
     """Every computation of this peer takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
+    model_dir: Path | None = None
+    """This peer's copy of the Hugging Face folder a plan's model may start from (`hetswarm join --model-dir`)."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
@@ -244,7 +246,8 @@ class Trainer:
         state = await self._state_for(assignment, role)
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_worker.py)
             assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
-            data=self.data, seed=self.seed, config=self.config.stage, emulated_tflops=self.config.emulated_tflops)
+            data=self.data, seed=self.seed, config=self.config.stage, emulated_tflops=self.config.emulated_tflops,
+            model_dir=self.config.model_dir)
         if state is not None:
             state.apply(worker.module, worker.optimizer)
         self.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,

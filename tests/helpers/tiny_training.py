@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
+from hetswarm.client.training.data import TokenSource
+from hetswarm.client.training.model import build_full_model
+from hetswarm.client.training.reference import reference_step, step_batches
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
@@ -65,3 +71,27 @@ def train_swarm(tmp: Path, *, swarm: str, steps: int, d_pp: int = D_PP, d_dp: in
     finally:
         bootstrap.shutdown()
         reap_children()
+
+
+def assert_first_step_is_the_reference(results: list[dict], model: ModelConfig, *, d_pp: int, d_dp: int,
+                                       model_dir: Path | None = None, data_path: Path | None = None) -> None:
+    """The swarm's first loss and every replica's averaged gradients are reference_step's on the same batch (1e-5)
+    of the same data; a model with an init_digest starts from `model_dir`'s weights there too."""
+    batches = step_batches(TokenSource.from_path(data_path), model, step=0, n_pipelines=d_dp)
+    full = build_full_model(model, seed=SEED)
+    if model.init_digest is not None:
+        from hetswarm.client.training.hf_folder import load_initial_weights  # transformers, for such models only
+        load_initial_weights(full, model_dir)
+    reference = reference_step(full, batches)
+
+    last_stage = [r for r in results if r["stage"] == d_pp - 1]
+    distributed_loss = sum(r["reports"][0]["loss"] for r in last_stage) / d_dp  # mean over the pipelines
+    assert distributed_loss == pytest.approx(reference.loss, abs=1e-5)
+    assert all(r["reports"][0]["loss"] is None for r in results if r["stage"] != d_pp - 1)
+
+    checked = set()
+    for result in results:  # every replica of every stage holds the averaged gradient
+        for name, grad in result["first_grads"].items():
+            torch.testing.assert_close(grad, reference.grads[name], rtol=1e-5, atol=1e-5, msg=name)
+            checked.add(name)
+    assert checked == set(reference.grads)

@@ -133,6 +133,8 @@ class TrainJob:
     """Also save the parameters after each of these many steps, under "states" (a golden run's checkpoints)."""
     run_ahead: bool = True
     """Let a single stage compute the next step while the plan votes (client/training/stage_worker.py)."""
+    model_dir: Path | None = None
+    """This peer's copy of the folder a model with an init_digest starts from (`hetswarm join --model-dir`)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -155,7 +157,7 @@ async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
     p2p = await dht.replicate_p2p()
     data = TokenSource.from_path(job.data_path, seed=job.data_seed)
     worker = await start_stage(job.assignment, me, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
-                               seed=job.seed, config=job.config)
+                               seed=job.seed, config=job.config, model_dir=job.model_dir)
     _inject(worker, job)
     reports: list[StepReport] = []
     results: dict = {"peer_id": me, "stage": job.assignment.roles[me].stage,

@@ -1,0 +1,36 @@
+"""`hetswarm export`: the newest step a swarm's checkpoints hold whole, as a Hugging Face model folder."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hetswarm.client.cli.options import SwarmOpt, console
+from hetswarm.client.peer.node import DEFAULT_SWARM
+from hetswarm.client.training.checkpoints import CheckpointDir, newest_whole_model
+from hetswarm.protocol.errors import ConfigError
+
+
+def export(
+    out: Annotated[Path, typer.Option("--out", help="The folder to write; it must not exist yet.")],
+    checkpoint_dirs: Annotated[list[Path], typer.Option(
+        "--checkpoint-dir", help="A peer's --checkpoint-dir; repeat it for the peers whose stages make the model.")],
+    swarm: SwarmOpt = DEFAULT_SWARM,
+    data: Annotated[Optional[Path], typer.Option(help="The prepared data the model was trained on (hetswarm data "
+                                                      "prepare): its tokenizer goes into the folder.")] = None,
+) -> None:
+    """Assemble the newest step that every layer has in the checkpoints into a folder that transformers'
+    AutoModelForCausalLM.from_pretrained loads (config.json, generation_config.json, model.safetensors)."""
+    from hetswarm.client.training.hf_folder import export_folder  # transformers: only this command pays for it
+    from hetswarm.client.training.prepared_data import PreparedData
+
+    model, state = newest_whole_model([CheckpointDir(folder, swarm) for folder in checkpoint_dirs])
+    parameters = {name: tensor for name, tensor in state.tensors.items() if ":" not in name}  # not AdamW's moments
+    prepared = None if data is None else PreparedData.open(data)
+    if prepared is not None and prepared.digest != (model.data_digest or prepared.digest):
+        raise ConfigError(f"--data {data} has digest {prepared.digest}; the checkpoints were trained on "
+                          f"{model.data_digest}")
+    export_folder(model, parameters, out, prepared)
+    console.print(f"Exported {model.name} ({model.architecture}, {model.total_params:,} parameters) at step "
+                  f"{state.step} to {out}")
