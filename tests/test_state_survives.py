@@ -9,7 +9,8 @@ with checkpoint folders, train the tiny model with fp32 on the wire:
 3. both replicas of stage 1 are SIGKILLed; the stage-1 saver comes back (a new process, its old checkpoint
    folder): the swarm goes back to the newest step every stage has a checkpoint of, and says so;
 4. every process is stopped with SIGINT and started again with the same folders: the coordinator resumes from
-   the newest complete checkpoint C, and training goes on to step C + 8.
+   the newest complete checkpoint C, and training goes on to step C + 8;
+5. `hetswarm export` from the live swarm gives the folder it gives from the savers' checkpoints.
 The parameters at C + 8 (the savers' checkpoints) equal, within 1e-5, those of a 2 × 2 run of as many steps on the
 same data with no failure, and so does the loss of every step each client logged, re-runs after a resume included.
 """
@@ -21,7 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
 
+from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import units_of_layers
@@ -181,6 +185,18 @@ def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None
                       for name, t in scenario.checkpoint(s, last, layers[stage]).items()}
     found["losses"] = scenario.losses()
 
+    # 5. the model leaves the swarm: `hetswarm export` from the live members, and from the savers' checkpoints
+    savers = [arg for saver in fifth.checkpoints.savers for arg in ("--checkpoint-dir", str(scenario.folder_of[saver]))]
+    found["exports"] = {how: _export(tmp / f"export-{how}", args) for how, args in (
+        ("live", ["--initial-peers", swarm.initial_peers, "--coordinator", swarm.coordinator_id]),
+        ("checkpoints", savers))}
+
+
+def _export(out: Path, args: list[str]) -> dict[str, torch.Tensor]:
+    result = CliRunner().invoke(app, ["export", "--out", str(out), "--swarm", SWARM, *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return load_file(out / "model.safetensors")
+
 
 def newest_complete_checkpoint(tmp: Path) -> int | None:
     """The newest step whose checkpoints, in all the clients' folders together, cover every layer."""
@@ -236,6 +252,14 @@ def test_a_stopped_swarm_started_again_continues_from_its_checkpoints(story):
     fifth, resume_at, after = story["restarted"]
     assert fifth.step == resume_at and fifth.handoff.resumed_from_checkpoint, fifth.reason
     assert min(after) == resume_at and max(after) == story["last_step"] - 1
+
+
+@pytest.mark.timeout(900)
+def test_the_model_exported_from_the_live_swarm_is_the_export_of_its_checkpoints(story):
+    live, saved = story["exports"]["live"], story["exports"]["checkpoints"]
+    assert sorted(live) == sorted(saved) and len(live) == len(story["final"])
+    for name, tensor in live.items():
+        assert torch.equal(tensor, saved[name]), name
 
 
 @pytest.mark.timeout(900)

@@ -1,5 +1,6 @@
-"""The processes behind the long-running commands (`join`, `bootstrap`, `monitor`, `coordinator`): signals that
-leave cleanly, a DHT start that Ctrl+C does not reach, and each process's start-up order."""
+"""The processes behind the commands that join a swarm (`join`, `bootstrap`, `monitor`, `coordinator`, `export`
+from a live swarm): signals that leave cleanly, a DHT start that Ctrl+C does not reach, and each process's start-up
+order."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ from rich.live import Live
 
 from hetswarm.client.cli.render import render
 from hetswarm.client.peer.addresses import MetricsAddress
+from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.peer.hardware import emulate_tflops, probe_hardware, resolve_device
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
@@ -22,12 +24,15 @@ from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initi
 from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
+from hetswarm.client.training.stage_state import StageState
+from hetswarm.client.training.state_handoff import fetch_model
 from hetswarm.client.training.trainer import TrainingSetup
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.keys import reachability_namespace
+from hetswarm.protocol.keys import reachability_namespace, state_namespace
+from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.record_store import SwarmRecords
 
 logger = logging.getLogger(__name__)
@@ -179,6 +184,34 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
                         live.update(render(await read_snapshot()))
 
         run_until_signal(watch)
+    finally:
+        dht.shutdown()
+
+
+def fetch_live_model(node_config: NodeConfig, coordinator: str, *, timeout_s: float, settle_s: float = 10.0
+                     ) -> tuple[ModelConfig, StageState]:
+    """A client-mode peer that reads the pinned coordinator's plan and downloads the whole model from its members
+    (client/training/state_handoff.py, fetch_model), for `hetswarm export` from a live swarm."""
+    dht = start_dht_for_process(node_config, identity_for(node_config))
+
+    async def fetch() -> tuple[ModelConfig, StageState]:
+        records, deadline = SwarmRecords(dht, node_config.swarm), asyncio.get_running_loop().time() + settle_s
+        while (plan := (await records.assignments()).get(coordinator)) is None:
+            if asyncio.get_running_loop().time() > deadline:  # a fresh node may not find the record at once
+                raise HetswarmError(f"no plan of coordinator {coordinator} in swarm {node_config.swarm!r}; check "
+                                    "--initial-peers, --swarm and --coordinator")
+            await asyncio.sleep(0.5)
+        if (reason := reason_to_refuse(plan)) is not None:
+            raise HetswarmError(f"the coordinator's plan v{plan.version} cannot be followed: {reason}")
+        p2p = await dht.replicate_p2p()
+        try:
+            return plan.model_config(), await fetch_model(p2p, plan, namespace=state_namespace(node_config.swarm),
+                                                          timeout_s=timeout_s)
+        finally:
+            await p2p.shutdown()
+
+    try:
+        return asyncio.run(fetch())
     finally:
         dht.shutdown()
 

@@ -33,11 +33,12 @@ from hivemind.proto import runtime_pb2
 from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError, dial_failed
-from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, merged
+from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, merged, units_of_layers
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.records import Assignment
 
-__all__ = ["Agreement", "HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step",
+__all__ = ["Agreement", "HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step", "fetch_model",
            "fetch_state", "unit_byte_limit"]
 
 logger = logging.getLogger(__name__)
@@ -294,6 +295,25 @@ async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStor
                        f"{', '.join(str(peer) for peer in pending)}")
     steps = [step for step in newest.values() if step is not None]
     return Agreement(min(steps) if steps else None, tuple(gone))
+
+
+async def fetch_model(p2p: P2P, plan: Assignment, *, namespace: str, timeout_s: float) -> StageState:
+    """The whole model of a running plan (`hetswarm export` from a live swarm): the newest step every member holds,
+    every unit from the members that hold it, each checked against the digest most of them report.
+
+    Raises:
+        StateUnavailable: no member holds a state, or some unit's every holder failed.
+    """
+    members = [PeerID.from_base58(peer) for peer in plan.roles]
+    agreed = await agree_on_step(p2p, members, store=StateStore(), version=plan.version, namespace=namespace,
+                                 timeout_s=timeout_s)
+    if agreed.step is None:
+        raise StateUnavailable(f"no member of plan v{plan.version} holds a state yet (has it trained a step?)")
+    model = plan.model_config()
+    units = units_of_layers((0, model.n_layers), model.n_layers)
+    state, _ = await fetch_state(p2p, members, step=agreed.step, units=units, model=model, namespace=namespace,
+                                 timeout_s=timeout_s)
+    return state
 
 
 _GONE = object()
