@@ -65,6 +65,7 @@ def train_swarm(model: ModelConfig, data: PreparedData, folder: Path, *, steps: 
     """(exported folder, tokens per second, each client's resident MiB at the end)."""
     config_file = folder / "model.json"
     config_file.write_text(json.dumps(model.to_dict()))
+    (folder / "swarm").mkdir()
     with LocalSwarm(SWARM, workdir=folder / "swarm") as swarm:
         swarm.start_coordinator("coordinator", "--model", str(config_file), "--data", str(data.folder), "--dp", "2",
                                 "--pp", "2", "--min-peers", "4", "--debounce", "1", "--time-budget", "1",
