@@ -251,24 +251,6 @@ def test_the_export_of_what_a_gpt2_swarm_trained_gives_its_logits_and_its_text_i
     assert result.output.startswith(prompt + expected), result.output
 
 
-@pytest.mark.swarm
-@pytest.mark.timeout(300)
-def test_a_2x2_swarm_trains_llama_as_one_process_does_and_its_export_gives_its_logits(tmp_path):
-    """Four processes train a byte-level tiny Llama for 20 steps: the first step is the single-process one, the
-    loss falls, and transformers computes what the swarm's stages compute from the export."""
-    model = replace(TINY_LLAMA, name="tiny-llama-bytes", vocab_size=256, seq_len=32, batch_tokens=8 * 32,
-                    micro_batches=2)
-    steps = 20
-    results = train_swarm(tmp_path, swarm="llama", steps=steps, model=model, seed=SEED, config=LR3_CONFIG,
-                          save_first_grads=True, save_final_state=True, timeout_s=240)
-    assert_first_step_is_the_reference(results, model, d_pp=D_PP, d_dp=D_DP)
-    losses = [sum(r["reports"][step]["loss"] for r in results if r["stage"] == D_PP - 1) / D_DP
-              for step in range(steps)]
-    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
-    trained = _pipeline_0(results, lambda result: result["final_state"])
-    _exported_logits_equal_the_swarm_s(model, trained, tmp_path / "llama")
-
-
 def _saved_llama(folder: Path, seed: int) -> Path:
     """A byte-level tiny LlamaForCausalLM, saved; `seed` draws its weights."""
     torch.manual_seed(seed)
@@ -302,9 +284,18 @@ def test_the_plan_names_the_initial_weights_and_a_peer_with_other_weights_refuse
 
 @pytest.mark.swarm
 @pytest.mark.timeout(300)
-def test_a_swarm_starts_from_the_folder_s_weights_on_every_peer(tmp_path):
+def test_a_2x2_swarm_fine_tunes_a_saved_llama_as_one_process_does_and_its_export_gives_its_logits(tmp_path):
+    """Four processes start from a byte-level tiny Llama's folder (each peer its stage's tensors) and train it 20
+    steps: the first step is the single-process one from the same weights, the loss falls, and transformers
+    computes from the export what the swarm's stages compute."""
     folder = _saved_llama(tmp_path / "pretrained", seed=3)
     model = replace(starting_from(load_model(str(folder)), folder), batch_tokens=8 * 32, micro_batches=2)
-    results = train_swarm(tmp_path, swarm="pretrained", steps=2, model=model, seed=SEED, config=LR3_CONFIG,
-                          save_first_grads=True, model_dir=folder, timeout_s=240)
+    steps = 20
+    results = train_swarm(tmp_path, swarm="llama", steps=steps, model=model, seed=SEED, config=LR3_CONFIG,
+                          save_first_grads=True, save_final_state=True, model_dir=folder, timeout_s=240)
     assert_first_step_is_the_reference(results, model, d_pp=D_PP, d_dp=D_DP, model_dir=folder)
+    losses = [sum(r["reports"][step]["loss"] for r in results if r["stage"] == D_PP - 1) / D_DP
+              for step in range(steps)]
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
+    trained = _pipeline_0(results, lambda result: result["final_state"])
+    _exported_logits_equal_the_swarm_s(model, trained, tmp_path / "llama")

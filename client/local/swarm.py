@@ -76,12 +76,7 @@ class PeerProcess:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGINT (leave cleanly), then SIGKILL on whatever of the tree is left after the grace period."""
-        self.signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            logger.warning(f"{self.name} did not leave within {grace_s:.0f} s; killing it")
-        self.kill()
+        stop_together([self], grace_s)
 
     def kill(self) -> None:
         """SIGKILL the process and every descendant recorded, by PID."""
@@ -108,6 +103,20 @@ class PeerProcess:
             except psutil.NoSuchProcess:
                 pass
         return alive
+
+
+def stop_together(peers: list[PeerProcess], grace_s: float = 10.0) -> None:
+    """SIGINT to every peer at once (each leaves cleanly, in parallel), then SIGKILL on whatever of their trees is
+    left after the one grace period."""
+    for peer in peers:
+        peer.signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for peer in peers:
+        try:
+            peer.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning(f"{peer.name} did not leave within {grace_s:.0f} s; killing it")
+        peer.kill()
 
 
 class LocalSwarm:
@@ -205,5 +214,7 @@ class LocalSwarm:
         return snapshot
 
     def close(self) -> None:
-        for peer in reversed(self.peers):
-            peer.stop()
+        """Stops the later peers together, then the first (the bootstrap node or coordinator they reach the swarm
+        through), so that every client still has it while it leaves."""
+        stop_together(self.peers[1:])
+        stop_together(self.peers[:1])
