@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging
 
 from hetswarm.client.training import gpt2_hf, llama
 from hetswarm.client.training.model import StageModule
-from hetswarm.client.training.prepared_data import TOKENIZER, PreparedData
+from hetswarm.client.training.prepared_data import TOKENIZER, PreparedData, files_key, hash_file
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.model_config import ModelConfig
 
@@ -33,7 +33,6 @@ __all__ = ["export_folder", "load_initial_weights", "load_stage_tensors", "model
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-_DIGEST_CHUNK = 8 * 2**20
 _SHAPE_FIELDS = ("architecture", "n_layers", "d_model", "n_heads", "kv_heads", "ff_width", "vocab_size", "rope_theta",
                  "norm_eps")
 """What a folder's weights must agree with in a model config (the sequence length and the batch are training's)."""
@@ -75,14 +74,12 @@ def weights_digest(folder: Path) -> str:
     its initial weights by. Every byte is read once per process (hashlib runs at about 1 GB/s)."""
     folder = Path(folder)
     files = [folder / "config.json", *sorted(set(_shards(folder).values()))]
-    key = tuple((str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in files)
+    key = files_key(files)
     if key not in _digests:
         digest = hashlib.sha256()
         for path in files:
             digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-            with open(path, "rb") as f:
-                while chunk := f.read(_DIGEST_CHUNK):
-                    digest.update(chunk)
+            hash_file(path, digest)
         _digests[key] = digest.hexdigest()
     return _digests[key]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from hetswarm.client.training.data import DataError
 
-__all__ = ["PreparedData", "prepare", "read_documents"]
+__all__ = ["PreparedData", "files_key", "hash_file", "prepare", "read_documents"]
 
 Split = Literal["train", "validation"]
 SPLITS: tuple[Split, ...] = ("train", "validation")
@@ -145,12 +145,21 @@ def _write_splits(inputs: Sequence[Path], made, folder: Path, *, dtype: np.dtype
     return {split: (tokens, documents) for split, (tokens, documents) in counts.items()}
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def hash_file(path: Path, digest: "hashlib._Hash") -> "hashlib._Hash":
+    """Feeds the file's bytes to ``digest`` in bounded chunks (files may be larger than memory)."""
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest
+
+
+def files_key(paths: Sequence[Path]) -> tuple:
+    """The files' paths, sizes and modification times: what a once-per-process hash of them is remembered by."""
+    return tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+
+
+def _file_sha256(path: Path) -> str:
+    return hash_file(path, hashlib.sha256()).hexdigest()
 
 
 def _digest_of(index: dict[str, Any]) -> str:
@@ -185,7 +194,7 @@ class PreparedData:
         for split, path in paths.items():
             if not path.is_file() or path.stat().st_size != sizes[split]:
                 raise DataError(f"{path}: missing or not {sizes[split]} bytes as {INDEX} says")
-        key = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths.values())
+        key = files_key(list(paths.values()))
         if key not in _verified:
             for split, path in paths.items():
                 if _file_sha256(path) != index["splits"][split]["sha256"]:
