@@ -18,6 +18,11 @@ every member, the reducer included, uses the decoded values, so replicas stay bi
 precision, each member keeps what its parts lost and each reducer what its averages lost, and adds it to the next
 step's (client/training/error_feedback.py).
 
+A member whose stream of averages from a reducer ends short, without a refusal, asks that reducer again
+(``rpc_fetch_averages``): the transport can lose answers the reducer sent after it had every part (a reset stream,
+docs/hivemind.md pitfall 13), and the reducer keeps its averages for that (``_Answers``) until two later rounds of
+its group have ended. It answers again only a member whose parts it counted.
+
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
 after every round and raises ``PartialAllReduce`` rather than hand back a partial average.
@@ -62,22 +67,44 @@ MAX_PART_NORM_RATIO = 1000.0
 class _Round:
     """A local runner, and the part streams of other members it is still answering."""
 
-    runner: AllReduceRunner
+    runner: "ExactAllReduceRunner"
     serving: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class GroupRouter(ServicerBase):
-    """Routes ``rpc_aggregate_part`` streams to the runner of their group id; refuses non-members."""
+@dataclass(frozen=True, slots=True)
+class _Answers:
+    """What a reducer sent back in one round, to send again to a member that lost it (module docstring)."""
 
-    def __init__(self, members: Sequence[PeerID], *, join_wait_s: float) -> None:
-        self.members, self.join_wait_s = frozenset(members), join_wait_s
+    outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]]
+    banned: set[PeerID]
+    complete: asyncio.Event
+
+
+class GroupRouter(ServicerBase):
+    """Routes ``rpc_aggregate_part`` streams to the runner of their group id, answers ``rpc_fetch_averages`` from
+    the rounds it keeps; refuses non-members."""
+
+    KEPT_ROUNDS = 3
+    """Rounds whose averages are kept to send again: the current one and the two before it."""
+
+    def __init__(self, members: Sequence[PeerID], *, join_wait_s: float, answer_wait_s: float) -> None:
+        """
+        Args:
+            join_wait_s: how long a member's parts wait for this member to start their round.
+            answer_wait_s: how long a member asking again waits for this reducer's averages.
+        """
+        self.members, self.join_wait_s, self.answer_wait_s = frozenset(members), join_wait_s, answer_wait_s
         self._rounds: dict[GroupID, _Round] = {}
+        self._answers: dict[GroupID, _Answers] = {}  # insertion order: oldest first
         self._registered = asyncio.Condition()
 
-    async def register(self, runner: AllReduceRunner) -> _Round:
+    async def register(self, runner: "ExactAllReduceRunner") -> _Round:
         async with self._registered:
             self._rounds[runner.group_id] = round_ = _Round(runner)
+            self._answers[runner.group_id] = _Answers(runner.outgoing, runner.banned_senders, runner.answered)
+            while len(self._answers) > self.KEPT_ROUNDS:
+                del self._answers[next(iter(self._answers))]
             round_.drained.set()
             self._registered.notify_all()
         return round_
@@ -120,6 +147,27 @@ class GroupRouter(ServicerBase):
             round_.serving -= 1
             if round_.serving == 0:
                 round_.drained.set()
+
+    async def rpc_fetch_averages(
+        self, request: averaging_pb2.AveragingData, context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """This reducer's averages of round ``request.group_id`` again, once it has them all."""
+        answers = self._answers.get(request.group_id)
+        if context.remote_id not in self.members or answers is None:
+            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            return
+        try:
+            async with asyncio.timeout(self.answer_wait_s):
+                await answers.complete.wait()
+        except TimeoutError:
+            yield averaging_pb2.AveragingData(code=averaging_pb2.INTERNAL_ERROR)
+            return
+        if context.remote_id in answers.banned:  # its parts are not in every average: it must not use them
+            yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        for part_index in range(len(answers.outgoing)):
+            yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART,
+                                              tensor_part=answers.outgoing[part_index][0])
 
 
 class _Kept:
@@ -202,7 +250,10 @@ class ExactAllReduceRunner(AllReduceRunner):
                  feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0), **kwargs) -> None:
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
         self.wire_compression = allreduce_compression(codec)
-        self._outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
+        self.outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
+        """Each average of this reducer's parts as sent, and as decoded."""
+        self.answered = asyncio.Event()
+        """Set once `outgoing` holds every part this member reduces."""
         self.reducer_failures: dict[PeerID, str] = {}
         """Why each reducer whose averages we lack failed us: hivemind only counts the values it lost."""
         super().__init__(*args, **kwargs)
@@ -220,15 +271,17 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
-        if part_index not in self._outgoing:
+        if part_index not in self.outgoing:
             key = ("reduced", part_index)
             value = averaged if self.feedback is None else averaged + self.feedback.residual(key, averaged)
             serialized = self.wire_compression.compress(value, CompressionInfo.from_tensor(value))
             decoded = self.wire_compression.extract(serialized)
             if self.feedback is not None:
                 self.feedback.record(self.feedback_round, key, value - decoded)
-            self._outgoing[part_index] = serialized, decoded
-        return self._outgoing[part_index]
+            self.outgoing[part_index] = serialized, decoded
+            if len(self.outgoing) == self.tensor_part_reducer.num_parts:
+                self.answered.set()
+        return self.outgoing[part_index]
 
     def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
         if not torch.isfinite(part).all():
@@ -249,26 +302,42 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     async def _communicate_with_reducer(self, peer_id: PeerID) -> None:
         """hivemind's exchange with a remote reducer (every member reduces a share here, so none delays its
-        results), with the averages decoded by protocol/codecs.py rather than hivemind's 8-bit decoder."""
+        results), with the averages decoded by protocol/codecs.py rather than hivemind's 8-bit decoder; a stream
+        that ends short is asked again (module docstring)."""
         peer_index = self.ordered_peer_ids.index(peer_id)
+        expected = self.tensor_part_container.num_parts_by_peer[peer_index]
+        stub = self._get_peer_stub(peer_id)
         try:
-            stream = await self._get_peer_stub(peer_id).rpc_aggregate_part(self._generate_input_for_peer(peer_index))
-            part_index = 0
-            async for message in aiter_with_timeout(stream, self.reducer_timeout):
-                if message.code != averaging_pb2.AVERAGED_PART:
-                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
-                averaged = await asyncio.to_thread(decode_tensor, message.tensor_part, self.codec)
-                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
-                part_index += 1
-            if part_index != self.tensor_part_container.num_parts_by_peer[peer_index]:
-                raise AllreduceException(f"peer {peer_id} sent {part_index} parts, but we expected "
-                                         f"{self.tensor_part_container.num_parts_by_peer[peer_index]}")
+            received = await self._receive_averages(
+                peer_id, await stub.rpc_aggregate_part(self._generate_input_for_peer(peer_index)), have=0)
+            if received < expected:
+                logger.debug(f"{peer_id} sent {received} of {expected} averages; asking again")
+                received = await self._receive_averages(
+                    peer_id, await stub.rpc_fetch_averages(averaging_pb2.AveragingData(group_id=self.group_id)),
+                    have=received)
+            if received != expected:
+                raise AllreduceException(f"peer {peer_id} sent {received} parts, but we expected {expected}")
         except BaseException as e:
             if isinstance(e, Exception):
                 logger.debug(f"Caught {e!r} when communicating to {peer_id}", exc_info=True)
             self.reducer_failures[peer_id] = repr(e)
             self.tensor_part_container.register_failed_reducer(peer_index)
             raise
+
+    async def _receive_averages(self, peer_id: PeerID, stream: AsyncIterator[averaging_pb2.AveragingData], *,
+                                have: int) -> int:
+        """Registers the averages `stream` brings past the first `have`; returns how many it brought in all."""
+        peer_index, part_index = self.ordered_peer_ids.index(peer_id), 0
+        async for message in aiter_with_timeout(stream, self.reducer_timeout):
+            if message.code != averaging_pb2.AVERAGED_PART:
+                raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(message.code)}")
+            if part_index == self.tensor_part_container.num_parts_by_peer[peer_index]:
+                raise AllreduceException(f"{peer_id} sent more averages than it reduces parts")
+            if part_index >= have:
+                averaged = await asyncio.to_thread(decode_tensor, message.tensor_part, self.codec)
+                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+            part_index += 1
+        return part_index
 
     async def _accumulate_parts_streaming(self, stream: AsyncIterator[averaging_pb2.AveragingData],
                                           sender_index: int):
@@ -327,7 +396,7 @@ class StageGroup:
         self.feedback = ErrorFeedback() if codec != "fp32" else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
-        self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s)
+        self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s, answer_wait_s=reducer_timeout_s)
 
     async def attach(self) -> None:
         await self.router.add_p2p_handlers(self.p2p, namespace=self.namespace)
