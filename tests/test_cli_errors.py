@@ -30,6 +30,8 @@ BAD_INPUT = [
     pytest.param(["monitor", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmNotAPeer"], "not a valid multiaddr",
                  id="bad-monitor-multiaddr"),
     pytest.param(["schedule", "--scenario", "no-such"], "unknown scenario 'no-such'", id="unknown-schedule-scenario"),
+    pytest.param(["coordinator", "--new-swarm", "--export-every", "10"], "give --export-every (a positive number "
+                 "of steps) and --export-dir together", id="export-every-without-a-folder"),
     pytest.param(["demo", "--plan", "bogus"], "--plan must be one of scheduled, paper, random, default, got 'bogus'",
                  id="bad-demo-plan"),
 ]

@@ -6,6 +6,7 @@ Four clients and three steps keep it short; the full-size run is `benchmarks/swa
 """
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import threading
@@ -15,7 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hetswarm.client.local.demo import EXPORT_FOLDER, SAMPLE_PROMPT, SAMPLE_TOKENS
 from hetswarm.client.local.swarm import hetswarm_command
+from hetswarm.client.training.hf_folder import sample
 
 pytestmark = pytest.mark.swarm
 
@@ -64,7 +67,12 @@ def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
     finally:
         demo.kill()
     assert demo.returncode == 0, output[-4000:]
-    assert "Loss (scheduled plan):" in output
+    took = re.search(r"Loss \(scheduled plan\): [0-9.]+ at step \d+ → [0-9.]+ at step \d+, ([0-9.]+) s later", output)
+    assert took and float(took[1]) > 0, output[-4000:]  # the wall-clock time of the curve the PNG also draws
+    exported = tmp_path / "run-scheduled" / EXPORT_FOLDER  # the trained model, out of the swarm and sampled
+    expected = sample(exported, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0)
+    assert f"(greedy; `hetswarm generate {exported}` samples more): {SAMPLE_PROMPT + expected!r}" in output, \
+        output[-4000:]
     assert "Scheduled plan (8bit everywhere on the wire): measured" in output and "predicted" in output
     assert f"Logs: {tmp_path}" in output
     assert f"Plot: {tmp_path / 'demo.png'}" in output  # the loss curve and step times, drawn (plots extra)

@@ -17,7 +17,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def phase(placement: str, version: int, *, predicted: float, measured: float | None, steps: int) -> PhaseResult:
     return PhaseResult(placement=placement, version=version, predicted_step_s=predicted, breakdown={}, first_step=0,
                        wire="8bit everywhere", measured_step_s=measured, compute_s=0.1, wait_s=0.2,
-                       losses={step: 5.0 - 0.1 * step for step in range(steps)})
+                       losses={step: 5.0 - 0.1 * step for step in range(steps)},
+                       loss_times={step: measured * step for step in range(steps)} if measured else {})
 
 
 PHASES = [phase("scheduled", 1, predicted=1.2, measured=1.4, steps=15),

@@ -172,7 +172,8 @@ def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None
     last = found["last_step"] = resume_at + 2 * EVERY
     assert last in SWARM_RUN.states_after, f"the golden run keeps no parameters after step {last}: lengthen it"
     sizes = scenario.log_sizes()
-    swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", *COORDINATOR_ARGS)
+    swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", *COORDINATOR_ARGS,
+                            "--export-every", str(last), "--export-dir", str(tmp / "exports"))  # due once: at `last`
     scenario.start_clients({f"again{i}": scenario.folder_of[peer].name for i, peer in enumerate(placed)},
                            max_steps=last)
     fifth = scenario.wait_for_plan("a plan after the restart", lambda plan: True)
@@ -185,11 +186,15 @@ def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None
                       for name, t in scenario.checkpoint(s, last, layers[stage]).items()}
     found["losses"] = scenario.losses()
 
-    # 5. the model leaves the swarm: `hetswarm export` from the live members, and from the savers' checkpoints
+    # 5. the model leaves the swarm: `hetswarm export` from the live members, and from the savers' checkpoints;
+    # and the coordinator's own export (--export-every)
     savers = [arg for saver in fifth.checkpoints.savers for arg in ("--checkpoint-dir", str(scenario.folder_of[saver]))]
     found["exports"] = {how: _export(tmp / f"export-{how}", args) for how, args in (
         ("live", ["--initial-peers", swarm.initial_peers, "--coordinator", swarm.coordinator_id]),
         ("checkpoints", savers))}
+    periodic = tmp / "exports" / f"step-{last}"
+    wait_until(f"the coordinator's export of step {last}", periodic.is_dir, 60)
+    found["exports"]["coordinator"] = load_file(periodic / "model.safetensors")
 
 
 def _export(out: Path, args: list[str]) -> dict[str, torch.Tensor]:
@@ -256,10 +261,12 @@ def test_a_stopped_swarm_started_again_continues_from_its_checkpoints(story):
 
 @pytest.mark.timeout(900)
 def test_the_model_exported_from_the_live_swarm_is_the_export_of_its_checkpoints(story):
-    live, saved = story["exports"]["live"], story["exports"]["checkpoints"]
-    assert sorted(live) == sorted(saved) and len(live) == len(story["final"])
-    for name, tensor in live.items():
-        assert torch.equal(tensor, saved[name]), name
+    """By `hetswarm export` from the live members, and by the coordinator's --export-every."""
+    saved = story["exports"]["checkpoints"]
+    for live in (story["exports"]["live"], story["exports"]["coordinator"]):
+        assert sorted(live) == sorted(saved) and len(live) == len(story["final"])
+        for name, tensor in live.items():
+            assert torch.equal(tensor, saved[name]), name
 
 
 @pytest.mark.timeout(900)

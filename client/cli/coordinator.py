@@ -21,7 +21,7 @@ from hetswarm.client.cli.options import (
     configure_logging,
     metrics_address,
 )
-from hetswarm.client.cli.processes import run_coordinator
+from hetswarm.client.cli.processes import ExportPlan, run_coordinator
 from hetswarm.client.peer.addresses import ANY_HOST, DEFAULT_METRICS_HOST
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.coordinator.admission import load_allow_list
@@ -86,6 +86,9 @@ def coordinator(
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
                                                        "this many times its recent median (0: never).")] = 2.0,
+    export_every: Annotated[Optional[int], typer.Option(help="Write the live model as a Hugging Face folder "
+                                                             "(--export-dir/step-K) every this many steps.")] = None,
+    export_dir: Annotated[Optional[Path], typer.Option(help="Where --export-every writes.")] = None,
     closed: Annotated[bool, typer.Option("--closed", help="Plan only peers holding a join token of this coordinator "
                                                          "(hetswarm token) or on --allow-list.")] = False,
     allow_list: Annotated[Optional[Path], typer.Option(help="File of peer ids (one per line) admitted to a closed "
@@ -103,6 +106,8 @@ def coordinator(
     IDENTITY_PATH.state.json, so that a restart goes on where it stopped.
     """
     configure_logging(verbose, log_format)
+    if (export_every is None) != (export_dir is None) or (export_every is not None and export_every < 1):
+        raise RejectedInput("give --export-every (a positive number of steps) and --export-dir together")
     if not initial_peers and not new_swarm:  # a restarted coordinator alone would plan a swarm of its own
         raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start a new one with "
                             "this coordinator as its first peer")
@@ -127,8 +132,9 @@ def coordinator(
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     allowed = load_allow_list(allow_list) if allow_list is not None else frozenset()
+    export = None if export_every is None else ExportPlan(every=export_every, folder=export_dir, data=data)
     run_coordinator(node_config, planner_config, broadcast_config, closed=closed or allow_list is not None,
-                    allowed=allowed, metrics=metrics_address(metrics_port, metrics_host))
+                    allowed=allowed, metrics=metrics_address(metrics_port, metrics_host), export=export)
 
 
 def _degree(option: str, value: str) -> int | None:

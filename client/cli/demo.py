@@ -68,8 +68,8 @@ def _run_demo(config: DemoConfig, console: Console) -> list[PhaseResult]:
             phases = run_swarm(config, on_update=lambda watch: live.update(render_watch(watch)),
                                on_workdir=workdir.append)
         console.print()
-        for line in summary_lines(phases):
-            console.print(line)
+        for line in summary_lines(phases):  # whole lines, as they are: one holds a sample of model output
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         console.print(plot_line(phases, workdir[0] / "demo.png"), soft_wrap=True)  # loss curves, step times
         return phases
     finally:

@@ -41,11 +41,10 @@ def export(
         node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=(LOOPBACK,),
                                  client_mode=True)
         model, state = processes.fetch_live_model(node_config, check_coordinator_id(coordinator), timeout_s=60.0)
-    parameters = {name: tensor for name, tensor in state.tensors.items() if ":" not in name}  # not AdamW's moments
     prepared = None if data is None else PreparedData.open(data)
     if prepared is not None and prepared.digest != (model.data_digest or prepared.digest):
         raise ConfigError(f"--data {data} has digest {prepared.digest}; the checkpoints were trained on "
                           f"{model.data_digest}")
-    export_folder(model, parameters, out, prepared)
+    export_folder(model, state.tensors, out, prepared)  # the parameters; AdamW's moments stay out
     console.print(f"Exported {model.name} ({model.architecture}, {model.total_params:,} parameters) at step "
                   f"{state.step} to {out}")

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
@@ -63,6 +64,24 @@ class Emulation:
         links = SiteLinks.from_scenario(self.scenario, bandwidth_scale=self.bandwidth_scale)
         links.check_site(self.site)
         return links
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportPlan:
+    """--export-every N --export-dir DIR of the coordinator (client/training/periodic_export.py)."""
+
+    every: int
+    folder: Path
+    data: Path | None = None
+    """The coordinator's --data: a prepared folder's tokenizer goes into every export."""
+
+    def exporter(self, dht, swarm: str, broadcaster: Broadcaster):
+        from hetswarm.client.training.periodic_export import PeriodicExport  # transformers: only when exporting
+        from hetswarm.client.training.prepared_data import PreparedData
+
+        prepared = PreparedData.open(self.data) if self.data and (self.data / "index.json").is_file() else None
+        return PeriodicExport(dht=dht, swarm=swarm, every=self.every, folder=self.folder, data=prepared,
+                              current=lambda: (broadcaster.assignment, broadcaster.state.step))
 
 
 def announce(line: str) -> None:
@@ -218,9 +237,10 @@ def fetch_live_model(node_config: NodeConfig, coordinator: str, *, timeout_s: fl
 
 def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broadcast_config: BroadcastConfig, *,
                     closed: bool = False, allowed: frozenset[str] = frozenset(),
-                    metrics: MetricsAddress | None = None) -> None:
+                    metrics: MetricsAddress | None = None, export: ExportPlan | None = None) -> None:
     """Starts the DHT node, prints what volunteers paste (and pin), and broadcasts until Ctrl+C; with `metrics`,
-    serves Prometheus metrics there. A `closed` swarm admits the `allowed` peers and those with our join tokens."""
+    serves Prometheus metrics there; with `export`, writes the live model every so many steps. A `closed` swarm
+    admits the `allowed` peers and those with our join tokens."""
     identity = identity_for(node_config)
     admission = Admission(swarm=node_config.swarm, closed=closed, allow=allowed,
                           coordinator_key=identity.private_key.get_public_key())
@@ -233,12 +253,14 @@ def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broa
                  f"--coordinator {identity.peer_id}\nCoordinator peer id: {identity.peer_id}")
         broadcaster = Broadcaster(dht, private_key=identity.private_key, coordinator_id=identity.peer_id,
                                   replanner=Replanner(planner_config), config=broadcast_config, admission=admission)
-        main = broadcaster.run
+        beside_loops = []
         if metrics_server is not None:
             collector = CoordinatorCollector(broadcaster, SwarmRecords(dht, node_config.swarm))
             metrics_server.register(collector)
-            main = beside(broadcaster.run, collector.watch)
-        run_until_signal(main)
+            beside_loops.append(collector.watch)
+        if export is not None:
+            beside_loops.append(export.exporter(dht, node_config.swarm, broadcaster).watch)
+        run_until_signal(beside(broadcaster.run, *beside_loops))
         logger.info("Coordinator stopped")
     finally:
         if metrics_server is not None:

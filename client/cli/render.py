@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from hetswarm.client.local.demo import DemoWatch, PhaseResult
+from hetswarm.client.local.demo import SAMPLE_PROMPT, DemoWatch, PhaseResult
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.wire_format import WireFormat
 
@@ -188,8 +188,12 @@ def summary_lines(phases: list[PhaseResult]) -> list[str]:
     first = phases[0]
     if first.losses:
         steps = sorted(first.losses)
+        took = first.loss_times.get(steps[-1], 0.0) - first.loss_times.get(steps[0], 0.0)
         lines.append(f"Loss ({first.placement} plan): {first.losses[steps[0]]:.3f} at step {steps[0]} → "
-                     f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}")
+                     f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}, {took:.1f} s later")
+    if first.sample is not None:
+        lines.append(f"Sample of the {first.placement} plan's model at step {first.sample_step} (greedy; `hetswarm "
+                     f"generate {first.exported}` samples more): {SAMPLE_PROMPT + first.sample!r}")
     for phase in phases:
         measured = "n/a" if phase.measured_step_s is None else f"{phase.measured_step_s:.2f} s"
         error = "" if phase.error is None else f" ({phase.error:+.0%} vs predicted)"

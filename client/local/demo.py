@@ -9,6 +9,10 @@ clients' pinned key still holds and the versions keep growing. Each phase's meas
 over the peers, of (time of the last step − time of the first step after warm-up) / steps between them, from the
 Progress records' timestamps; its predicted step time is the assignment's.
 
+Before its swarm stops, the first phase's model leaves it as `hetswarm export` takes it from a live swarm (the
+members' newest common step, every part checked against the digest most holders report), is written as a Hugging
+Face folder, and transformers continues SAMPLE_PROMPT with it (greedy: the same folder gives the same sample).
+
 Every process is started through LocalSwarm and reaped by PID in `finally`, on Ctrl+C too.
 """
 from __future__ import annotations
@@ -31,12 +35,13 @@ from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.coordinator.planner import PLACEMENTS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 from hetswarm.protocol.wire_format import COMPRESSION_POLICIES
 
-__all__ = ["DemoConfig", "DemoWatch", "PhaseResult", "REGIONS", "run_swarm"]
+__all__ = ["DemoConfig", "DemoWatch", "EXPORT_FOLDER", "PhaseResult", "REGIONS", "SAMPLE_PROMPT", "run_swarm"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,10 @@ DEMO_COMPRESSION = "8bit"
 REGIONS = ("Oregon", "Tokyo", "Frankfurt", "Seoul", "Virginia", "London", "Ohio", "Ireland")
 """World-wide scenario regions, in the order clients fill them."""
 _POLL_S = 0.5
+SAMPLE_PROMPT = "The swarm "
+SAMPLE_TOKENS = 48
+EXPORT_FOLDER = "model"
+"""Where, in the first phase's run folder, its trained model is exported."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,6 +142,14 @@ class PhaseResult:
     wait_s: float | None = None
     losses: dict[int, float] = field(default_factory=dict)
     """Step → mean loss of the last-stage peers that reported it."""
+    loss_times: dict[int, float] = field(default_factory=dict)
+    """Step → seconds from the phase's first Progress record to the first report of the step's loss."""
+    sample: str | None = None
+    """What the phase's model added to SAMPLE_PROMPT (the first phase's only; module docstring)."""
+    sample_step: int | None = None
+    """The step of the model that was sampled."""
+    exported: Path | None = None
+    """The Hugging Face folder it was sampled from."""
 
     @property
     def error(self) -> float | None:
@@ -244,11 +261,12 @@ def _measure(phase: PhaseResult, watch: DemoWatch, assignment: Assignment, warmu
     phase.compute_s = statistics.median(r.compute_s for r in kept) if kept else None
     phase.wait_s = statistics.median(r.wait_s for r in kept) if kept else None
     last_stage = {p for p, role in assignment.roles.items() if role.stage == assignment.d_pp - 1}
+    started = min((r.updated_at for records in by_peer.values() for r in records), default=0.0)
     for step in sorted({r.step for records in by_peer.values() for r in records}):
-        losses = [by_peer[p][i].loss for p in last_stage if p in by_peer
-                  for i in range(len(by_peer[p])) if by_peer[p][i].step == step and by_peer[p][i].loss is not None]
-        if losses:
-            phase.losses[step] = sum(losses) / len(losses)
+        reports = [r for p in last_stage for r in by_peer.get(p, []) if r.step == step and r.loss is not None]
+        if reports:
+            phase.losses[step] = sum(r.loss for r in reports) / len(reports)
+            phase.loss_times[step] = min(r.updated_at for r in reports) - started
 
 
 def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = lambda watch: None,
@@ -284,10 +302,31 @@ def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = la
             dht = start_dht_for_process(node_config, identity_for(node_config))
             watch = DemoWatch(SwarmRecords(dht, swarm.swarm), coordinator_id)
             watch.phases = phases
-            asyncio.run(_run_phase(swarm, watch, config, placement, steps, keys / "coordinator.key", on_update))
+            phase = asyncio.run(_run_phase(swarm, watch, config, placement, steps, keys / "coordinator.key",
+                                           on_update))
+            if len(phases) == 1:
+                watch.status = f"{placement} run: exporting and sampling its model"
+                on_update(watch)
+                asyncio.run(_sample_model(dht, swarm.swarm, watch.assignment, swarm.workdir / EXPORT_FOLDER, phase))
         finally:
             _close(swarm, dht)
     return phases
+
+
+async def _sample_model(dht, swarm: str, plan: Assignment, out: Path, phase: PhaseResult) -> None:
+    """The plan's model, fetched from its members, exported to `out` and continued from SAMPLE_PROMPT (module
+    docstring)."""
+    from hetswarm.client.training.hf_folder import export_folder, sample  # torch and transformers: only here
+    from hetswarm.client.training.state_handoff import fetch_model
+
+    p2p = await dht.replicate_p2p()
+    try:
+        state = await fetch_model(p2p, plan, namespace=state_namespace(swarm), timeout_s=60.0)
+    finally:
+        await p2p.shutdown()
+    await asyncio.to_thread(export_folder, plan.model_config(), state.tensors, out)
+    phase.sample_step, phase.exported = state.step, out
+    phase.sample = await asyncio.to_thread(sample, out, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0)
 
 
 def _close(swarm: LocalSwarm, dht) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import AsyncIterator  # hivemind's ServicerBase recognizes typing's alias only, not collections.abc's
 
@@ -65,9 +65,16 @@ class ProbeServicer(ServicerBase):
     so nobody can make this peer absorb bytes without end.
     """
 
-    def __init__(self, admits: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, admits: Callable[[str], bool] | None = None,
+                 look_for: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """
+        Args:
+            admits: whether a peer may send payloads (in view).
+            look_for: awaited before `admits` asks: reads the view again if the peer is not in it yet.
+        """
         self.pings = PeerGate(name="ping", max_concurrent=4, per_s=5.0, burst=40)
         self.payloads = PeerGate(name="bandwidth probe", max_concurrent=1, per_s=0.1, burst=12, admits=admits)
+        self.look_for = look_for
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         with self.pings.enter(context.remote_id.to_base58()) as refused:
@@ -76,6 +83,8 @@ class ProbeServicer(ServicerBase):
     async def rpc_absorb(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> runtime_pb2.ExpertResponse:
+        if self.look_for is not None:
+            await self.look_for(context.remote_id.to_base58())
         with self.payloads.enter(context.remote_id.to_base58()) as refused:
             if refused is not None:
                 return runtime_pb2.ExpertResponse(metadata=refused.encode())  # unread: the stream is cut off

@@ -29,7 +29,7 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import probe_namespace, short_id
-from hetswarm.protocol.limits import MAX_TOKEN_CHARS
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_TOKEN_CHARS
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
@@ -104,6 +104,9 @@ class Volunteer:
         self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
         """Set to read the swarm's records before the next view interval is up."""
+        self._views, self._reading = 0, False
+        self._viewed = asyncio.Condition()
+        """Notified after each read of the swarm's records (`_views` counts them; `_reading` while one runs)."""
         self._probe_wanted = asyncio.Event()
         self._probe_wanted.set()  # the first round turns `joining` into `ready`, even with nobody to measure
         self._failures: dict[str, int] = {}
@@ -160,7 +163,8 @@ class Volunteer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until `stop` is set, then publishes `leaving` once."""
-        await ProbeServicer(admits=self._in_view).add_p2p_handlers(self.node.p2p, namespace=self.namespace)
+        await ProbeServicer(admits=self._in_view, look_for=self._look_for).add_p2p_handlers(
+            self.node.p2p, namespace=self.namespace)
         await self.publish_record("start")
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -205,9 +209,12 @@ class Volunteer:
 
     async def _watch(self) -> None:
         while True:
+            self._look_now.clear()  # a look asked for while this read runs gets a read of its own
+            self._reading = True
             try:
                 peers = await self.node.records.peers()
             except TimeoutError:
+                self._reading = False
                 logger.debug("Reading the swarm's peer records timed out; trying again")
                 await asyncio.sleep(self.config.view_interval_s)
                 continue
@@ -219,9 +226,22 @@ class Volunteer:
             if new:
                 logger.info(f"{len(new)} new peer(s); {len(self.peers)} in view")
                 self._probe_wanted.set()
-            self._look_now.clear()
+            async with self._viewed:
+                self._reading, self._views = False, self._views + 1
+                self._viewed.notify_all()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._look_now.wait(), timeout=self.config.view_interval_s)
+
+    async def _look_for(self, peer: str) -> None:
+        """Returns once `peer` is in view or the records were read once more from the start (at most two DHT reads
+        later): a peer that just joined probes us as soon as it sees our record, maybe before we read its."""
+        if peer in self.peers:
+            return
+        fresh = self._views + (2 if self._reading else 1)  # a read that started after this call
+        self._look_now.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2 * DHT_TIMEOUT_S), self._viewed:
+                await self._viewed.wait_for(lambda: peer in self.peers or self._views >= fresh)
 
     def _in_view(self, peer: str) -> bool:
         """Whether `peer` has a record in our view; a peer that has none yet (it may have just joined) makes us
