@@ -14,6 +14,12 @@ atomically), and on start goes above the highest version it finds there, in its 
 and in the peers' records (clients ignore a version not above the one they follow). It adopts the plan in force
 (Replanner.adopt) rather than reshuffling a swarm that is training well; a plan that none of its peers follows any
 more (they restarted and lost their weights, or left) is forgotten with its step, and the swarm is planned afresh.
+
+Before it publishes a plan, the coordinator pings the peers it places (`silent`, client/peer/link_probe.py): a peer
+killed since its record was last refreshed is still in view until the record expires, and its plan's members
+report it only once a step fails, one reporter at a time. A placed peer that does not answer is left out as if a
+member had reported it, and the plan is made again without it; a resume from checkpoints then never waits on a dead
+peer that a member had not reported yet.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,7 +56,7 @@ from hetswarm.coordinator.state_plan import (
 )
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, short_id
 from hetswarm.protocol.limits import MAX_REFUSED_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords, check_ttl
 from hetswarm.protocol.records import (
@@ -165,8 +171,15 @@ class Broadcaster:
     """The coordinator's loop (module docstring); it starts from what a previous run left in `config.state_path`."""
 
     def __init__(self, dht: hivemind.DHT, *, private_key: RSAPrivateKey, coordinator_id: str,
-                 replanner: Replanner, config: BroadcastConfig, admission: Admission | None = None):
+                 replanner: Replanner, config: BroadcastConfig, admission: Admission | None = None,
+                 silent: Callable[[Collection[str]], Awaitable[set[str]]] | None = None):
+        """
+        Args:
+            silent: which of the given peers answer no ping of this coordinator (module docstring); None publishes
+                plans without asking.
+        """
         state = load_state(config.state_path, coordinator_id) if config.state_path is not None else None
+        self.silent = silent
         self.dht, self.private_key, self.coordinator_id = dht, private_key, coordinator_id
         self.records = SwarmRecords(dht, config.swarm, private_key=private_key, timeout_s=config.request_timeout_s)
         self.replanner, self.config = replanner, config
@@ -229,12 +242,29 @@ class Broadcaster:
                 self._take_over(records)
             decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
             if decision is not None or self._pending is not None:
-                await self._announce(*(decision or self._pending), version=self.state.version + 1)
+                proposal, reason = decision or self._pending
+                if await self._all_answer(proposal):
+                    await self._announce(proposal, reason, version=self.state.version + 1)
         await self._track_progress()
         await self._roll_back_on_spike()
         if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
         await self._publish_refusals()
+
+    async def _all_answer(self, proposal: Proposal) -> bool:
+        """Whether every peer `proposal` places answers our ping; the silent ones are left out of the next
+        decision (module docstring)."""
+        if self.silent is None:
+            return True
+        silent = await self.silent({peer for chain in proposal.pipelines for peer in chain})
+        if not silent:
+            return True
+        logger.warning(f"{len(silent)} peer(s) the plan places do not answer a ping: "
+                       f"{', '.join(short_id(peer) for peer in sorted(silent))}; planning again without them")
+        self.replanner.note_trouble(unreachable={self.coordinator_id: sorted(silent)}, stalled={},
+                                    now=time.monotonic())
+        self._pending = None
+        return False
 
     async def _publish_refusals(self) -> None:
         """The peers not planned, and those priced by what they do, with the reasons, for the monitor: at each

@@ -8,7 +8,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.client.peer.hardware import emulate_tflops, probe_hardware, resolve_device
+from hetswarm.client.peer.link_probe import unanswered
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
 from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
@@ -32,11 +33,14 @@ from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.keys import reachability_namespace, state_namespace
+from hetswarm.protocol.keys import probe_namespace, reachability_namespace, state_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.record_store import SwarmRecords
 
 logger = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 5.0
+"""How long a peer the coordinator is about to place has to answer its ping."""
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -82,6 +86,18 @@ class ExportPlan:
         prepared = PreparedData.open(self.data) if self.data and (self.data / "index.json").is_file() else None
         return PeriodicExport(dht=dht, swarm=swarm, every=self.every, folder=self.folder, data=prepared,
                               current=lambda: (broadcaster.assignment, broadcaster.state.step))
+
+
+def _pinger(dht, swarm: str) -> Callable[[Collection[str]], Awaitable[set[str]]]:
+    """The coordinator's `silent` (coordinator/broadcaster.py): pings from its own daemon, opened on first use."""
+    p2p = None
+
+    async def silent(peers: Collection[str]) -> set[str]:
+        nonlocal p2p
+        p2p = p2p or await dht.replicate_p2p()
+        return await unanswered(p2p, peers, namespace=probe_namespace(swarm), timeout_s=PING_TIMEOUT_S)
+
+    return silent
 
 
 def announce(line: str) -> None:
@@ -252,7 +268,8 @@ def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broa
                  f"  hetswarm join {initial_peers_line(dht)} --swarm {node_config.swarm} "
                  f"--coordinator {identity.peer_id}\nCoordinator peer id: {identity.peer_id}")
         broadcaster = Broadcaster(dht, private_key=identity.private_key, coordinator_id=identity.peer_id,
-                                  replanner=Replanner(planner_config), config=broadcast_config, admission=admission)
+                                  replanner=Replanner(planner_config), config=broadcast_config, admission=admission,
+                                  silent=_pinger(dht, node_config.swarm))
         beside_loops = []
         if metrics_server is not None:
             collector = CoordinatorCollector(broadcaster, SwarmRecords(dht, node_config.swarm))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import AsyncIterator  # hivemind's ServicerBase recognizes typing's alias only, not collections.abc's
 
@@ -144,3 +144,20 @@ async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeC
         measured_at=get_dht_time(),
         samples=config.pings,
     )
+
+
+async def unanswered(p2p: P2P, peers: Collection[str], *, namespace: str, timeout_s: float) -> set[str]:
+    """The peers among `peers` that answer no ping within `timeout_s`: a refusal is an answer (the peer is up); a
+    failed dial, a timeout or a missing handler is not. The coordinator asks this of a plan's peers before it
+    publishes the plan (coordinator/broadcaster.py): its own observation, not a member's word."""
+    async def answers(peer: str) -> bool:
+        try:
+            stub = ProbeServicer.get_stub(p2p, PeerID.from_base58(peer), namespace=namespace)
+            await stub.rpc_ping(runtime_pb2.ExpertRequest(), timeout=timeout_s)
+            return True
+        except Exception as e:  # P2PDaemonError or ControlFailure (dead), TimeoutError, P2PHandlerError
+            logger.debug(f"{peer} did not answer a ping: {type(e).__name__}: {e}")
+            return False
+
+    peers = sorted(peers)
+    return {peer for peer, answered in zip(peers, await asyncio.gather(*map(answers, peers))) if not answered}
