@@ -1,6 +1,7 @@
 """Activation deltas (AQ-SGD, client/training/activation_deltas.py): both ends of a link keep the same copies, the
-quantization error does not pile up from pass to pass, an aborted attempt changes nothing, a receiver that missed a
-commit refuses a delta and the link heals, and a plan that cannot hold a pass of copies is refused."""
+quantization error does not pile up from pass to pass, an aborted attempt changes nothing, a delta on an update the
+receiver has staged but not committed yet is taken, a receiver that missed an update refuses a delta and the link
+heals, and a plan that cannot hold a pass of copies is refused."""
 import pytest
 import torch
 
@@ -65,12 +66,33 @@ def test_an_aborted_attempt_changes_no_copy():
     assert torch.equal(sender._copies[(0, 0)], receiver._copies[(0, 0)])
 
 
-def test_a_receiver_that_missed_a_commit_refuses_the_delta_and_the_link_heals():
+def test_a_delta_on_an_update_the_receiver_has_not_committed_yet_is_taken_and_the_copies_end_the_same():
+    """The sender committed step 2 and runs ahead into step 4 while the receiver still waits for step 2's last vote:
+    the step-4 delta names the step-2 copy, which the receiver holds staged (a CI run once saw the refusal, and the
+    resend whole, make a run differ from the same run without it)."""
     sender, receiver = _link()
     activation = torch.randn(SHAPE)
     _send(sender, receiver, activation, step=0)
     _send(sender, receiver, activation * 1.1, step=2, commit=False)
-    sender.commit((2, 0))  # the receiver never learned that step 2 committed
+    sender.commit((2, 0))
+    on_time = _link()
+    for step, scale in ((0, 1.0), (2, 1.1), (4, 1.2)):  # the same frames, each committed before the next
+        expected = _send(*on_time, activation * scale, step=step)
+    received = _send(sender, receiver, activation * 1.2, step=4, commit=False)
+    receiver.commit((2, 0))
+    for end in (sender, receiver):
+        end.commit((4, 0))
+    assert torch.equal(received, expected)
+    assert all(torch.equal(end._copies[(0, 0)], on_time[0]._copies[(0, 0)]) for end in (sender, receiver))
+    assert sender.sent_whole == 1
+
+
+def test_a_receiver_that_missed_an_update_refuses_the_delta_and_the_link_heals():
+    sender, receiver = _link()
+    activation = torch.randn(SHAPE)
+    _send(sender, receiver, activation, step=0)
+    sender.outgoing(activation * 1.1, attempt=(2, 0), sample=(0, 0))  # the receiver never took step 2's frame
+    sender.commit((2, 0))
     sent, codec, base_crc = sender.outgoing(activation * 1.2, attempt=(4, 0), sample=(0, 0))
     with pytest.raises(DeltaBase, match=f"peer-a sent a delta .* different copy.*{RESEND_WHOLE}$"):
         receiver.incoming(round_trip(sent, codec), attempt=(4, 0), sample=(0, 0), base_crc=base_crc, sender="peer-a")

@@ -10,8 +10,11 @@ a − m(ξ) and is sent the next time ξ comes (the argument of error feedback, 
 
 Both ends must hold the same m(ξ), bit for bit: both compute m(ξ) + Q(·) with the same decoder in float32. An
 update takes effect only when its step commits (a retried attempt starts from the same copies, as it starts from
-the same weights), and a delta names the copy it applies to by CRC-32. A receiver whose copy differs (it missed a
-commit) refuses the frame, the sender forgets its copy, and the step's retry sends that activation whole. A new
+the same weights), and a delta names the copy it applies to by CRC-32. The two ends commit a step each when it has
+every vote, so a sender running one step ahead may already base a delta on an update the receiver has staged but not
+committed yet: the receiver applies the delta to that staged copy (the step committed at the sender, so it commits
+here too, and the copies end the same). A receiver that holds no copy the delta names (it missed the update) refuses
+the frame, the sender forgets its copy, and the step's retry sends that activation whole. A new
 plan starts with no copies: its first pass is sent whole. Memory: one activation per sample at each end of a link,
 data_period × micro_batches activations (``buffer_bytes``), which start_stage checks against a limit.
 """
@@ -85,14 +88,21 @@ class DeltaBuffers:
             received = tensor.to(torch.float32)
             self.sent_whole += 1
         else:
-            copy = self._copies.get(sample)
-            if copy is None or checksum(copy) != base_crc:
-                state = "holds no copy" if copy is None else "holds a different copy"
+            copies = self._versions(sample)
+            base = next((copy for copy in copies if checksum(copy) == base_crc), None)
+            if base is None:
+                state = "holds a different copy" if copies else "holds no copy"
                 raise DeltaBase(f"{sender} sent a delta of data step {sample[0]}, micro-batch {sample[1]}, but this "
                                 f"stage {state} of that activation: {RESEND_WHOLE}")
-            received = copy + tensor
+            received = base + tensor
             self.sent_delta += 1
         return received
+
+    def _versions(self, sample: Sample) -> list[torch.Tensor]:
+        """The sample's committed copy, then the updates of it that attempts staged, oldest step first (module
+        docstring: a delta may name one of those)."""
+        committed = [self._copies[sample]] if sample in self._copies else []
+        return committed + [staged[sample] for _, staged in sorted(self._staged.items()) if sample in staged]
 
     def forget(self, sample: Sample) -> None:
         """Drops a sample's copy (its delta was refused), so that it is sent whole next time."""
