@@ -20,8 +20,8 @@ step's (client/training/error_feedback.py).
 
 A member whose stream of averages from a reducer ends short, without a refusal, asks that reducer again
 (``rpc_fetch_averages``): the transport can lose answers the reducer sent after it had every part (a reset stream,
-docs/hivemind.md pitfall 13), and the reducer keeps its averages for that (``_Answers``) until two later rounds of
-its group have ended. It answers again only a member whose parts it counted.
+docs/hivemind.md pitfall 13), and the reducer keeps its averages for that (``_Answers``), as sent, until its next
+round ends: one share of the stage's gradients, in the wire codec. It answers again only a member whose parts it counted.
 
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
@@ -76,7 +76,8 @@ class _Round:
 class _Answers:
     """What a reducer sent back in one round, to send again to a member that lost it (module docstring)."""
 
-    outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]]
+    sent: dict[int, runtime_pb2.Tensor]
+    """Part index → the average as sent (the runner's own dict: it fills as the round goes)."""
     banned: set[PeerID]
     complete: asyncio.Event
 
@@ -85,8 +86,8 @@ class GroupRouter(ServicerBase):
     """Routes ``rpc_aggregate_part`` streams to the runner of their group id, answers ``rpc_fetch_averages`` from
     the rounds it keeps; refuses non-members."""
 
-    KEPT_ROUNDS = 3
-    """Rounds whose averages are kept to send again: the current one and the two before it."""
+    KEPT_ROUNDS = 2
+    """Rounds whose averages are kept to send again: the current one and the one before it."""
 
     def __init__(self, members: Sequence[PeerID], *, join_wait_s: float, answer_wait_s: float) -> None:
         """
@@ -102,7 +103,7 @@ class GroupRouter(ServicerBase):
     async def register(self, runner: "ExactAllReduceRunner") -> _Round:
         async with self._registered:
             self._rounds[runner.group_id] = round_ = _Round(runner)
-            self._answers[runner.group_id] = _Answers(runner.outgoing, runner.banned_senders, runner.answered)
+            self._answers[runner.group_id] = _Answers(runner.sent, runner.banned_senders, runner.answered)
             while len(self._answers) > self.KEPT_ROUNDS:
                 del self._answers[next(iter(self._answers))]
             round_.drained.set()
@@ -110,6 +111,7 @@ class GroupRouter(ServicerBase):
         return round_
 
     def unregister(self, runner: AllReduceRunner) -> None:
+        """Ends the round here; its averages stay, as sent, for a member that asks again."""
         self._rounds.pop(runner.group_id, None)
 
     async def _round_of(self, group_id: GroupID) -> _Round | None:
@@ -165,9 +167,8 @@ class GroupRouter(ServicerBase):
         if context.remote_id in answers.banned:  # its parts are not in every average: it must not use them
             yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
-        for part_index in range(len(answers.outgoing)):
-            yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART,
-                                              tensor_part=answers.outgoing[part_index][0])
+        for part_index in range(len(answers.sent)):
+            yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=answers.sent[part_index])
 
 
 class _Kept:
@@ -250,10 +251,12 @@ class ExactAllReduceRunner(AllReduceRunner):
                  feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0), **kwargs) -> None:
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
         self.wire_compression = allreduce_compression(codec)
-        self.outgoing: dict[int, tuple[runtime_pb2.Tensor, torch.Tensor]] = {}
-        """Each average of this reducer's parts as sent, and as decoded."""
+        self.sent: dict[int, runtime_pb2.Tensor] = {}
+        """Each average of this reducer's parts as sent."""
+        self._decoded: dict[int, torch.Tensor] = {}
+        """... and as every member decodes it."""
         self.answered = asyncio.Event()
-        """Set once `outgoing` holds every part this member reduces."""
+        """Set once `sent` holds every part this member reduces."""
         self.reducer_failures: dict[PeerID, str] = {}
         """Why each reducer whose averages we lack failed us: hivemind only counts the values it lost."""
         super().__init__(*args, **kwargs)
@@ -271,17 +274,17 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
-        if part_index not in self.outgoing:
+        if part_index not in self.sent:
             key = ("reduced", part_index)
             value = averaged if self.feedback is None else averaged + self.feedback.residual(key, averaged)
             serialized = self.wire_compression.compress(value, CompressionInfo.from_tensor(value))
             decoded = self.wire_compression.extract(serialized)
             if self.feedback is not None:
                 self.feedback.record(self.feedback_round, key, value - decoded)
-            self.outgoing[part_index] = serialized, decoded
-            if len(self.outgoing) == self.tensor_part_reducer.num_parts:
+            self.sent[part_index], self._decoded[part_index] = serialized, decoded
+            if len(self.sent) == self.tensor_part_reducer.num_parts:
                 self.answered.set()
-        return self.outgoing[part_index]
+        return self.sent[part_index], self._decoded[part_index]
 
     def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
         if not torch.isfinite(part).all():
