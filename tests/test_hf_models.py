@@ -144,6 +144,25 @@ def test_an_export_of_every_stage_loads_in_transformers_and_gives_the_same_logit
     assert not (tmp_path / "first-stage-only").exists()
 
 
+def test_a_model_over_the_shard_size_is_exported_in_shards_that_transformers_and_join_load(saved, tmp_path):
+    config = model_config_of(saved[1])
+    stages = _stages(config, CUTS["3 stages"], seed=5)
+    tensors = {name: tensor for stage in stages for name, tensor in stage.state_dict().items()}
+    total = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    out = export_folder(config, tensors, tmp_path / "sharded", max_shard_bytes=total // 3)
+    assert not (out / "model.safetensors").exists() and len(list(out.glob("model-*-of-*.safetensors"))) >= 3
+    tokens = _tokens(config)
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=tokens).logits
+        torch.testing.assert_close(logits, chain(stages, tokens), rtol=0, atol=1e-5)
+    assert weights_digest(out) != weights_digest(saved[1])
+    reloaded = _stages(config, CUTS["3 stages"], seed=6)  # what `join --model-dir` does with each stage
+    for stage in reloaded:
+        load_stage_tensors(out, stage)
+    with torch.no_grad():
+        torch.testing.assert_close(chain(reloaded, tokens), chain(stages, tokens), rtol=0, atol=0)
+
+
 def test_the_coordinator_takes_the_folder_or_its_config_json_as_model(saved, tmp_path):
     _, folder = saved
     assert load_model(str(folder)) == model_config_of(folder)

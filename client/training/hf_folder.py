@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
@@ -33,6 +34,8 @@ __all__ = ["export_folder", "load_initial_weights", "load_stage_tensors", "model
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+MAX_SHARD_BYTES = 5 * 10**9
+"""transformers' default shard size: a larger model is exported in shards of at most this."""
 _SHAPE_FIELDS = ("architecture", "n_layers", "d_model", "n_heads", "kv_heads", "ff_width", "vocab_size", "rope_theta",
                  "norm_eps")
 """What a folder's weights must agree with in a model config (the sequence length and the batch are training's)."""
@@ -140,10 +143,11 @@ def load_stage_tensors(folder: Path, module: StageModule) -> None:
 
 
 def export_folder(config: ModelConfig, tensors: Mapping[str, torch.Tensor], out: Path,
-                  data: PreparedData | None = None) -> Path:
+                  data: PreparedData | None = None, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Writes the whole model (``tensors`` by our names, every stage's; optimizer state is left out) as a
     Hugging Face folder, with the tokenizer of the prepared ``data`` it was trained on; the folder appears complete
-    or not at all (written beside, then renamed)."""
+    or not at all (written beside, then renamed). Weights over `max_shard_bytes` go into shards with an index, as
+    transformers' own `save_pretrained` writes them (huggingface_hub's split_torch_state_dict_into_shards)."""
     out, layout = Path(out), _LAYOUTS[config.architecture]
     if out.exists():
         raise ConfigError(f"{out} exists; export to a new folder")
@@ -160,7 +164,12 @@ def export_folder(config: ModelConfig, tensors: Mapping[str, torch.Tensor], out:
     hf.save_pretrained(partial)
     GenerationConfig.from_model_config(hf).save_pretrained(partial)
     weights = {layout.to_hf_name(name): _as_stored(tensors[name], layout.is_transposed(name)) for name in names}
-    save_file(weights, partial / _SINGLE, metadata={"format": "pt"})
+    split = split_torch_state_dict_into_shards(weights, max_shard_size=max_shard_bytes)
+    for file, shard in split.filename_to_tensors.items():
+        save_file({name: weights[name] for name in shard}, partial / file, metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": {"total_size": split.metadata["total_size"]}, "weight_map": split.tensor_to_filename}
+        (partial / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     os.replace(partial, out)
     return out
 
