@@ -28,7 +28,7 @@ from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Hardware, PeerRecord
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.swarm_records import IDS
+from tests.helpers.swarm_records import IDS, make_record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,3 +152,41 @@ def test_a_refused_heartbeat_is_tried_again_within_a_second_not_a_period_later()
     assert len(gaps) == 3, gaps  # refused at 2 s, taken at 2.4 s, refreshed at 4.4 s
     assert gaps[0] == pytest.approx(2.0, abs=0.3) and gaps[1] == pytest.approx(0.4, abs=0.3), gaps
     assert gaps[2] == pytest.approx(2.0, abs=0.3), gaps
+
+
+class _ReadOnDemand:
+    """A record store whose read of the peers' records returns, with `newcomer`'s, only once asked for."""
+
+    def __init__(self, newcomer: str) -> None:
+        self.newcomer, self.reads = newcomer, 0
+
+    async def peers(self) -> dict[str, PeerRecord]:
+        self.reads += 1
+        return {} if self.reads == 1 else {self.newcomer: make_record(self.newcomer)}
+
+
+def test_a_probe_from_a_peer_not_yet_in_view_waits_for_one_read_and_a_strangers_next_probe_does_not():
+    """A newcomer probes us as soon as it sees our record, maybe before our view has its; the probe handler
+    (ProbeServicer's `look_for`) then has the records read once more rather than refuse at once; a caller that is
+    still not in view afterwards is refused without another wait for a while."""
+    records = _ReadOnDemand(IDS[1])
+    node = SimpleNamespace(peer_id=IDS[0], records=records, sites={})
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(view_interval_s=60.0))  # no read but on demand
+
+    async def scenario() -> None:
+        watch = asyncio.create_task(volunteer._watch())
+        try:
+            async with asyncio.timeout(10):
+                while records.reads < 1:
+                    await asyncio.sleep(0.01)
+                assert IDS[1] not in volunteer.peers
+                await volunteer._look_for(IDS[1])
+                assert IDS[1] in volunteer.peers and records.reads == 2
+                await volunteer._look_for(IDS[2])  # never in view: waits for one more read
+                assert records.reads == 3
+                await volunteer._look_for(IDS[2])  # and is not waited for again
+                assert records.reads == 3
+        finally:
+            watch.cancel()
+
+    asyncio.run(scenario())

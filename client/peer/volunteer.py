@@ -17,6 +17,7 @@ import collections
 import contextlib
 import importlib.metadata
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, Link
 logger = logging.getLogger(__name__)
 
 VERSION = importlib.metadata.version("hetswarm")
+LOOK_AGAIN_S = 30.0
+"""A caller not in view makes this peer read the records for it at most this often (`Volunteer._look_for`)."""
+MAX_LOOKED_FOR = 4096
+"""Callers remembered for that; past it, those older than LOOK_AGAIN_S are forgotten."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +110,8 @@ class Volunteer:
         self._look_now = asyncio.Event()
         """Set to read the swarm's records before the next view interval is up."""
         self._views, self._reading = 0, False
+        self._looked_for: dict[str, float] = {}
+        """Peer not in view → when a call of its last made us read the records for it (`_look_for`)."""
         self._viewed = asyncio.Condition()
         """Notified after each read of the swarm's records (`_views` counts them; `_reading` while one runs)."""
         self._probe_wanted = asyncio.Event()
@@ -234,9 +241,14 @@ class Volunteer:
 
     async def _look_for(self, peer: str) -> None:
         """Returns once `peer` is in view or the records were read once more from the start (at most two DHT reads
-        later): a peer that just joined probes us as soon as it sees our record, maybe before we read its."""
-        if peer in self.peers:
+        later): a peer that just joined probes us as soon as it sees our record, maybe before we read its. A peer
+        looked for in the last LOOK_AGAIN_S is not waited for again (a stranger's calls are refused at once)."""
+        now = time.monotonic()
+        if peer in self.peers or now - self._looked_for.get(peer, -math.inf) < LOOK_AGAIN_S:
             return
+        if len(self._looked_for) > MAX_LOOKED_FOR:
+            self._looked_for = {p: t for p, t in self._looked_for.items() if now - t < LOOK_AGAIN_S}
+        self._looked_for[peer] = now
         fresh = self._views + (2 if self._reading else 1)  # a read that started after this call
         self._look_now.set()
         with contextlib.suppress(TimeoutError):
