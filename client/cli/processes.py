@@ -11,6 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -36,6 +37,9 @@ from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.keys import probe_namespace, reachability_namespace, state_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.record_store import SwarmRecords
+
+if TYPE_CHECKING:
+    from hetswarm.client.training.periodic_export import PeriodicExport
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class ExportPlan:
     data: Path | None = None
     """The coordinator's --data: a prepared folder's tokenizer goes into every export."""
 
-    def exporter(self, dht, swarm: str, broadcaster: Broadcaster):
+    def exporter(self, dht, swarm: str, broadcaster: Broadcaster) -> PeriodicExport:
         from hetswarm.client.training.periodic_export import PeriodicExport  # transformers: only when exporting
         from hetswarm.client.training.prepared_data import PreparedData
 
