@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -157,3 +158,36 @@ def test_a_source_that_cannot_be_dialled_is_left_out_at_once_and_named():
 
     agreed, dead, seconds = asyncio.run(scenario())
     assert agreed == Agreement(9, (dead,)) and seconds < 10  # not the 30 s a silent source is waited for
+
+
+def whole_state(step: int) -> StageState:
+    stage = build_stage(TINY, 0, 1, seed=step)
+    return StageState.capture(stage, StageConfig().build_optimizer(stage.parameters()), step=step)
+
+
+@pytest.mark.swarm
+def test_a_model_download_that_the_swarm_trains_past_is_agreed_again_on_a_newer_step(monkeypatch):
+    """`hetswarm export` from a live swarm: members keep their last two states, so the step agreed on can be gone
+    before the download asks for it; the step is then agreed again (a demo run once failed so)."""
+    from hetswarm.client.training import state_handoff
+
+    real_fetch, asked = state_handoff.fetch_state, []
+
+    async def scenario() -> StageState:
+        async with connected_p2ps(2) as (asker, member):
+            store = await serve(member, whole_state(9), whole_state(10))
+            store.version = 5
+
+            async def trains_on_first(*args, step: int, **kwargs):
+                asked.append(step)
+                if len(asked) == 1:  # two more steps while the download starts: step 10 is gone
+                    store.remember(whole_state(11))
+                    store.remember(whole_state(12))
+                return await real_fetch(*args, step=step, **kwargs)
+
+            monkeypatch.setattr(state_handoff, "fetch_state", trains_on_first)
+            plan = SimpleNamespace(roles={member.peer_id.to_base58(): None}, version=5, model_config=lambda: TINY)
+            return await state_handoff.fetch_model(asker, plan, namespace=NAMESPACE, timeout_s=20)
+
+    state = asyncio.run(scenario())
+    assert asked == [10, 12] and state.step == 12 and same(state, whole_state(12))

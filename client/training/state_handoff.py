@@ -297,23 +297,37 @@ async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStor
     return Agreement(min(steps) if steps else None, tuple(gone))
 
 
+FETCH_TRIES = 5
+"""Downloads of the whole model `fetch_model` tries while the swarm trains on past the step it asked for."""
+
 async def fetch_model(p2p: P2P, plan: Assignment, *, namespace: str, timeout_s: float) -> StageState:
     """The whole model of a running plan (`hetswarm export` from a live swarm): the newest step every member holds,
-    every unit from the members that hold it, each checked against the digest most of them report.
+    every unit from the members that hold it, each checked against the digest most of them report. Members keep
+    their last two states only, so a swarm that trains on may have moved past that step before the download; the
+    step is then agreed again, up to FETCH_TRIES times (a demo run saw a busy machine's download miss its step).
 
     Raises:
-        StateUnavailable: no member holds a state, or some unit's every holder failed.
+        StateUnavailable: no member holds a state, or some unit's every holder failed at a step nobody moved past.
     """
     members = [PeerID.from_base58(peer) for peer in plan.roles]
-    agreed = await agree_on_step(p2p, members, store=StateStore(), version=plan.version, namespace=namespace,
-                                 timeout_s=timeout_s)
-    if agreed.step is None:
-        raise StateUnavailable(f"no member of plan v{plan.version} holds a state yet (has it trained a step?)")
     model = plan.model_config()
     units = units_of_layers((0, model.n_layers), model.n_layers)
-    state, _ = await fetch_state(p2p, members, step=agreed.step, units=units, model=model, namespace=namespace,
-                                 timeout_s=timeout_s)
-    return state
+    tried: int | None = None
+    for _ in range(FETCH_TRIES):
+        agreed = await agree_on_step(p2p, members, store=StateStore(), version=plan.version, namespace=namespace,
+                                     timeout_s=timeout_s)
+        if agreed.step is None:
+            raise StateUnavailable(f"no member of plan v{plan.version} holds a state yet (has it trained a step?)")
+        if tried is not None and agreed.step <= tried:
+            break  # nobody moved on: the units are missing for another reason
+        try:
+            state, _ = await fetch_state(p2p, members, step=agreed.step, units=units, model=model,
+                                         namespace=namespace, timeout_s=timeout_s)
+            return state
+        except StateUnavailable as e:
+            tried, failure = agreed.step, e
+            logger.info(f"The members moved past step {agreed.step} during the download; asking again")
+    raise failure
 
 
 _GONE = object()
