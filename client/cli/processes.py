@@ -28,13 +28,13 @@ from hetswarm.client.peer.reachability import ReachabilityServicer, report_reach
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.client.training.stage_state import StageState
-from hetswarm.client.training.state_handoff import fetch_model
+from hetswarm.client.training.state_handoff import download_model
 from hetswarm.client.training.trainer import TrainingSetup
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.keys import probe_namespace, reachability_namespace, state_namespace
+from hetswarm.protocol.keys import probe_namespace, reachability_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.record_store import SwarmRecords
 
@@ -230,7 +230,7 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
 def fetch_live_model(node_config: NodeConfig, coordinator: str, *, timeout_s: float, settle_s: float = 10.0
                      ) -> tuple[ModelConfig, StageState]:
     """A client-mode peer that reads the pinned coordinator's plan and downloads the whole model from its members
-    (client/training/state_handoff.py, fetch_model), for `hetswarm export` from a live swarm."""
+    (client/training/state_handoff.py, download_model), for `hetswarm export` from a live swarm."""
     dht = start_dht_for_process(node_config, identity_for(node_config))
 
     async def fetch() -> tuple[ModelConfig, StageState]:
@@ -242,12 +242,7 @@ def fetch_live_model(node_config: NodeConfig, coordinator: str, *, timeout_s: fl
             await asyncio.sleep(0.5)
         if (reason := reason_to_refuse(plan)) is not None:
             raise HetswarmError(f"the coordinator's plan v{plan.version} cannot be followed: {reason}")
-        p2p = await dht.replicate_p2p()
-        try:
-            return plan.model_config(), await fetch_model(p2p, plan, namespace=state_namespace(node_config.swarm),
-                                                          timeout_s=timeout_s)
-        finally:
-            await p2p.shutdown()
+        return plan.model_config(), await download_model(dht, node_config.swarm, plan, timeout_s=timeout_s)
 
     try:
         return asyncio.run(fetch())

@@ -35,7 +35,6 @@ from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.coordinator.planner import PLACEMENTS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
@@ -317,13 +316,9 @@ async def _sample_model(dht, swarm: str, plan: Assignment, out: Path, phase: Pha
     """The plan's model, fetched from its members, exported to `out` and continued from SAMPLE_PROMPT (module
     docstring)."""
     from hetswarm.client.training.hf_folder import export_folder, sample  # torch and transformers: only here
-    from hetswarm.client.training.state_handoff import fetch_model
+    from hetswarm.client.training.state_handoff import download_model
 
-    p2p = await dht.replicate_p2p()
-    try:
-        state = await fetch_model(p2p, plan, namespace=state_namespace(swarm), timeout_s=60.0)
-    finally:
-        await p2p.shutdown()
+    state = await download_model(dht, swarm, plan, timeout_s=60.0)
     await asyncio.to_thread(export_folder, plan.model_config(), state.tensors, out)
     phase.sample_step, phase.exported = state.step, out
     phase.sample = await asyncio.to_thread(sample, out, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0)

@@ -19,8 +19,7 @@ import hivemind
 
 from hetswarm.client.training.hf_folder import export_folder
 from hetswarm.client.training.prepared_data import PreparedData
-from hetswarm.client.training.state_handoff import StateUnavailable, fetch_model
-from hetswarm.protocol.keys import state_namespace
+from hetswarm.client.training.state_handoff import StateUnavailable, download_model
 from hetswarm.protocol.records import Assignment
 
 __all__ = ["PeriodicExport", "exported_steps"]
@@ -67,28 +66,24 @@ class PeriodicExport:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Exports until `stop` is set; a failed export is logged and tried again (it never stops the coordinator)."""
-        p2p = await self.dht.replicate_p2p()
-        try:
-            while not stop.is_set():
-                plan, step = self.current()
-                pause = self.poll_s
-                if plan is not None and step >= self.due:
-                    try:
-                        await self.export(p2p, plan)
-                    except (StateUnavailable, OSError, ValueError) as e:
-                        logger.warning(f"Export of step {self.due} failed ({type(e).__name__}: {e}); trying again "
-                                       f"in {self.retry_s:.0f} s")
-                        pause = self.retry_s
+        while not stop.is_set():
+            plan, step = self.current()
+            pause = self.poll_s
+            if plan is not None and step >= self.due:
                 try:
-                    await asyncio.wait_for(stop.wait(), timeout=pause)
-                except TimeoutError:
-                    pass
-        finally:
-            await p2p.shutdown()
+                    await self.export(plan)
+                except (StateUnavailable, OSError, ValueError) as e:
+                    logger.warning(f"Export of step {self.due} failed ({type(e).__name__}: {e}); trying again "
+                                   f"in {self.retry_s:.0f} s")
+                    pause = self.retry_s
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=pause)
+            except TimeoutError:
+                pass
 
-    async def export(self, p2p, plan: Assignment) -> Path:
+    async def export(self, plan: Assignment) -> Path:
         """One export of the model the members of `plan` hold now."""
-        state = await fetch_model(p2p, plan, namespace=state_namespace(self.swarm), timeout_s=self.timeout_s)
+        state = await download_model(self.dht, self.swarm, plan, timeout_s=self.timeout_s)
         out = self.folder / f"step-{state.step}"
         if not out.exists():  # export_folder takes the parameters, not AdamW's moments
             await asyncio.to_thread(export_folder, plan.model_config(), state.tensors, out, self.data)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+from hivemind import DHT
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
@@ -35,6 +36,7 @@ from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError, dial_failed
 from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, merged, units_of_layers
 from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment
 
@@ -328,6 +330,16 @@ async def fetch_model(p2p: P2P, plan: Assignment, *, namespace: str, timeout_s: 
             tried, failure = agreed.step, e
             logger.info(f"The members moved past step {agreed.step} during the download; asking again")
     raise failure
+
+
+async def download_model(dht: DHT, swarm: str, plan: Assignment, *, timeout_s: float) -> StageState:
+    """`fetch_model` through a P2P client of `dht`'s daemon: for a process that holds no stage (export, the demo's
+    sample, the coordinator's periodic export)."""
+    p2p = await dht.replicate_p2p()
+    try:
+        return await fetch_model(p2p, plan, namespace=state_namespace(swarm), timeout_s=timeout_s)
+    finally:
+        await p2p.shutdown()
 
 
 _GONE = object()
