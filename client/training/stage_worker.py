@@ -60,9 +60,24 @@ from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replic
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.records import Assignment, PeerId
 
-__all__ = ["StageConfig", "StageWorker", "StepReport", "check_data", "start_stage"]
+__all__ = ["StageConfig", "StageWorker", "StepReport", "check_data", "in_thread", "start_stage"]
 
 logger = logging.getLogger(__name__)
+
+
+async def in_thread(fn: Callable, *args):
+    """``fn(*args)`` in a worker thread; a cancelled caller returns only once the thread is over, however often it is
+    cancelled meanwhile. An aborted attempt is cancelled twice (by the plan's vote, then by its TaskGroup when a send
+    of it fails), and a backward thread still running then would write its .grad into the next attempt's (seen as a
+    retried step that left the fault-free trajectory, tests/test_step_faults.py)."""
+    running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        while not running.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({running})
+        raise
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -460,15 +475,11 @@ class StageWorker:
             return result
 
         started, clock = time.perf_counter(), _CLOCK.get()
-        running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
-            result = await asyncio.shield(running)
+            result = await in_thread(timed)
             if self.emulated_tflops is not None:  # as long as on the slower device this peer emulates
                 await asyncio.sleep(max(0.0, flops / (self.emulated_tflops * 1e12) - (time.perf_counter() - started)))
             return result
-        except asyncio.CancelledError:  # an aborted attempt: the thread must not touch .grad after we reset it
-            await asyncio.wait({running})
-            raise
         finally:
             clock.compute_s += time.perf_counter() - started
 
