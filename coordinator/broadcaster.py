@@ -101,6 +101,8 @@ class BroadcastConfig:
     in every stage, so a time interval is turned into steps when the plan is made."""
     aggregation: Aggregation = "mean"
     """How stage groups combine gradients (client/training/robust_aggregation.py): CenteredClip for open swarms."""
+    eval_every: int = 0
+    """Steps between the pipelines' held-out losses (Assignment.eval_every); 0: none."""
     rollback_spike: float = 2.0
     """A step's loss above this multiple of the recent median rolls the swarm back to a checkpoint; 0: never
     (coordinator/loss_watch.py)."""
@@ -112,6 +114,8 @@ class BroadcastConfig:
         if self.checkpoint_every < 1 or self.lost_state_wait_s < 0 or (self.checkpoint_every_s or 1) <= 0:
             raise ConfigError(f"need checkpoint_every >= 1 and lost_state_wait_s >= 0, got {self.checkpoint_every} "
                               f"and {self.lost_state_wait_s}")
+        if self.eval_every < 0:
+            raise ConfigError(f"--eval-every must be 0 (none) or positive, got {self.eval_every}")
         check_ttl(self.ttl_s)
         if self.interval_s <= 0 or self.request_timeout_s <= 0:
             raise ConfigError(f"bad timing: interval_s={self.interval_s}, request_timeout_s={self.request_timeout_s}")
@@ -138,7 +142,7 @@ def _bounded(reasons: Mapping[str, str]) -> dict[str, str]:
 
 def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int,
                      handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None,
-                     aggregation: Aggregation = "mean") -> Assignment:
+                     aggregation: Aggregation = "mean", eval_every: int = 0) -> Assignment:
     """The signed record clients follow, from a priced proposal."""
     d_pp, d_dp = proposal.plan.grid.shape
     pipelines = proposal.pipelines
@@ -164,6 +168,7 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         checkpoints=checkpoints,
         aggregation=aggregation,
         wire=proposal.wire,
+        eval_every=eval_every,
     )
 
 
@@ -366,7 +371,7 @@ class Broadcaster:
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
                                                                self._checkpoint_every(proposal)),
-            aggregation=self.config.aggregation)
+            aggregation=self.config.aggregation, eval_every=self.config.eval_every)
         self._kept = kept_state(self.assignment, self.state.assignment)
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)

@@ -38,7 +38,9 @@ from hetswarm.protocol.wire_format import Codec
 __all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decode_frame", "encode_frame",
            "read_frame"]
 
-FrameKind = Literal["activations", "gradients"]
+FrameKind = Literal["activations", "gradients", "held-out"]
+"""`held-out`: the activations of a forward-only pass on held-out text (client/training/stage_worker.py,
+held-out loss), never a delta."""
 
 _MAX_DIMS = 8
 
@@ -94,7 +96,8 @@ class FrameHeader(BaseModel):
 class Expectation:
     """What a receiver will accept; ``None`` leaves a tag unchecked (the caller matches it to its own queues)."""
 
-    kind: FrameKind
+    kind: FrameKind | tuple[FrameKind, ...]
+    """The kind, or the kinds, accepted."""
     assignment_version: int
     shape: tuple[int, ...]
     codec: Codec
@@ -110,10 +113,12 @@ class Expectation:
         if header.assignment_version != self.assignment_version:
             return VersionMismatch(f"frame is for assignment version {header.assignment_version}, "
                                    f"this stage runs version {self.assignment_version}")
-        if header.delta and self.delta_codec is None:
+        kinds = (self.kind,) if isinstance(self.kind, str) else self.kind
+        if header.kind not in kinds:
+            return FrameError(f"frame has kind {header.kind}, expected {' or '.join(kinds)}")
+        if header.delta and (self.delta_codec is None or header.kind == "held-out"):
             return FrameError(f"frame is a {header.kind} delta, but this plan sends {header.kind} whole")
         mismatches = [
-            ("kind", header.kind, self.kind),
             ("step", header.step, self.step),
             ("pipeline", header.pipeline, self.pipeline),
             ("shape", header.shape, list(self.shape)),

@@ -183,6 +183,9 @@ class Assignment(_Record):
     """How stage groups combine gradients: the mean, or CenteredClip for open swarms."""
     wire: WireFormat | None = None
     """The codec of each transfer (protocol/wire_format.py); None: the model config's byte widths."""
+    eval_every: _Step = 0
+    """Every pipeline measures its loss on the held-out set after each step s with (s + 1) % eval_every == 0; 0:
+    never (client/training/stage_worker.py)."""
 
     def model_config(self) -> ModelConfig:
         """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.
@@ -235,6 +238,9 @@ class Progress(_Record):
         default_factory=list)
     """The losses of the last steps up to `step`, oldest first (the last is `loss`): readers that look once a
     second still see every step's (coordinator/loss_watch.py)."""
+    held_out_loss: confloat(strict=True, ge=0.0, le=MAX_LOSS) | None = None
+    """The pipeline's latest loss on the held-out set (last stage only), measured after step `held_out_step`."""
+    held_out_step: _Step | None = None
     tokens_per_s: confloat(strict=True, ge=0.0, le=1e12)
     compute_s: _Seconds
     wait_s: _Seconds

@@ -32,6 +32,9 @@ BAD_INPUT = [
     pytest.param(["schedule", "--scenario", "no-such"], "unknown scenario 'no-such'", id="unknown-schedule-scenario"),
     pytest.param(["coordinator", "--new-swarm", "--export-every", "10"], "give --export-every (a positive number "
                  "of steps) and --export-dir together", id="export-every-without-a-folder"),
+    pytest.param(["coordinator", "--new-swarm", "--eval-every", "-1"], "--eval-every must be 0 (none) or positive",
+                 id="negative-eval-every"),
+    pytest.param(["demo", "--eval-every", "-2"], "eval_every >= 0", id="negative-demo-eval-every"),
     pytest.param(["demo", "--plan", "bogus"], "--plan must be one of scheduled, paper, random, default, got 'bogus'",
                  id="bad-demo-plan"),
 ]

@@ -61,7 +61,7 @@ def start_demo(workdir: Path, *args: str) -> tuple[subprocess.Popen, Descendants
 
 @pytest.mark.timeout(300)
 def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
-    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare")
+    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare", "--eval-every", "2")
     try:
         output, _ = demo.communicate(timeout=270)
     finally:
@@ -69,6 +69,9 @@ def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
     assert demo.returncode == 0, output[-4000:]
     took = re.search(r"Loss \(scheduled plan\): [0-9.]+ at step \d+ → [0-9.]+ at step \d+, ([0-9.]+) s later", output)
     assert took and float(took[1]) > 0, output[-4000:]  # the wall-clock time of the curve the PNG also draws
+    # measured after steps 1, 3 and 5 (of 2 warm-up + 3), and believed: both pipelines agreed on each
+    assert re.search(r"Held-out loss \(scheduled plan\): [0-9.]+ after step 1 → [0-9.]+ after step 5", output), \
+        output[-4000:]
     exported = tmp_path / "run-scheduled" / EXPORT_FOLDER  # the trained model, out of the swarm and sampled
     expected = sample(exported, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0)
     assert f"(greedy; `hetswarm generate {exported}` samples more): {SAMPLE_PROMPT + expected!r}" in output, \

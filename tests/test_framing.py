@@ -81,12 +81,23 @@ def test_encoder_refuses_a_header_that_does_not_describe_the_tensor():
         (dict(micro_batch=2), dict(micro_batches=2), FrameError, "micro_batch 2, but a step has 2"),
         ({}, dict(shape=(2, 8, 17)), FrameError, r"shape \[2, 8, 16\], expected \[2, 8, 17\]"),
         ({}, dict(codec="8bit"), FrameError, "codec fp32, expected 8bit"),
+        (dict(kind="gradients"), dict(kind=("activations", "held-out")), FrameError,
+         "kind gradients, expected activations or held-out"),
+        (dict(kind="held-out", base_crc=7), dict(kind=("activations", "held-out"), delta_codec="fp32"), FrameError,
+         "held-out delta, but this plan sends held-out whole"),
     ],
 )
 def test_frame_that_is_not_what_the_stage_expects_is_refused(tags, expectation, error, message):
     with pytest.raises(error, match=message) as refused:
         decode_frame(_frame(_tensor(), **tags), expected=_expect(**expectation))
     assert isinstance(refused.value, RejectedInput)
+
+
+def test_the_previous_stage_may_send_activations_and_held_out_activations_each_under_its_kind():
+    tensor = _tensor()
+    for kind in ("activations", "held-out"):
+        header, received = decode_frame(_frame(tensor, kind=kind), expected=_expect(kind=("activations", "held-out")))
+        assert header.kind == kind and torch.equal(received, tensor)
 
 
 def _with_header(metadata: bytes) -> list[runtime_pb2.ExpertRequest]:

@@ -47,7 +47,7 @@ def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float |
 
 def plan(version: int = 3) -> SimpleNamespace:
     """What the collectors read of an Assignment."""
-    return SimpleNamespace(version=version, predicted_step_s=0.5, d_pp=2, d_dp=1,
+    return SimpleNamespace(version=version, predicted_step_s=0.5, d_pp=2, d_dp=1, pipelines=[[OTHER, ME]],
                            roles={ME: PeerRole(stage=1, replica=0), OTHER: PeerRole(stage=0, replica=0)})
 
 
@@ -109,9 +109,11 @@ def test_a_section_that_cannot_be_read_leaves_the_others_served():
 
 # ---- what the coordinator exports ----
 
-def progress(peer: str, step: int, at: float, *, version: int = 3, loss: float | None = None) -> Progress:
+def progress(peer: str, step: int, at: float, *, version: int = 3, loss: float | None = None,
+             held_out_loss: float | None = None) -> Progress:
     return Progress(peer_id=peer, assignment_version=version, step=step, loss=loss, tokens_per_s=1.0, compute_s=0.1,
-                    wait_s=0.0, updated_at=at)
+                    wait_s=0.0, updated_at=at, held_out_loss=held_out_loss,
+                    held_out_step=None if held_out_loss is None else step)
 
 
 def test_the_coordinator_exports_its_plan_the_members_progress_and_every_link_it_reads():
@@ -130,6 +132,18 @@ def test_the_coordinator_exports_its_plan_the_members_progress_and_every_link_it
     assert value(samples, "hetswarm_measured_step_seconds") == pytest.approx(2.0)
     assert value(samples, "hetswarm_peers", state="training") == 2
     assert value(samples, "hetswarm_link_bandwidth_bytes_per_second", src=ME, dst=OTHER) == pytest.approx(1e7)
+
+
+def test_the_coordinator_exports_a_held_out_loss_only_when_two_pipelines_agree_on_it():
+    two = SimpleNamespace(version=3, predicted_step_s=0.5, d_pp=1, d_dp=2, pipelines=[[ME], [OTHER]],
+                          roles={ME: PeerRole(stage=0, replica=0), OTHER: PeerRole(stage=0, replica=1)})
+    collector = CoordinatorCollector(SimpleNamespace(assignment=two), records=None)
+    collector.peers = {}
+    collector.progress = {ME: progress(ME, 9, 1.0, held_out_loss=2.5), OTHER: progress(OTHER, 9, 1.0, held_out_loss=2.5)}
+    samples = collect(collector)
+    assert (value(samples, "hetswarm_held_out_loss"), value(samples, "hetswarm_held_out_step")) == (2.5, 9)
+    collector.progress[OTHER] = progress(OTHER, 9, 1.0, held_out_loss=0.01)  # one of them lies: nothing is believed
+    assert "hetswarm_held_out_loss" not in collect(collector)
 
 
 def test_a_coordinator_before_its_first_plan_says_version_zero():

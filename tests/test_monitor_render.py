@@ -125,3 +125,21 @@ def test_the_plans_wire_is_shown():
                                            "activation_deltas": "4bit"}
     assert ("wire: 8bit activations, fp16 activation gradients, 8bit all-reduce, 4bit activation deltas"
             in printed(shown))
+
+
+def test_each_last_stage_shows_its_held_out_loss_and_the_table_what_the_pipelines_agree_on():
+    a, b, c, d = IDS[:4]
+    assignment = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
+    progress = {a: _progress(a, 10), c: _progress(c, 10),
+                b: _progress(b, 10, held_out_step=9, held_out_loss=2.5),
+                d: _progress(d, 10, held_out_step=9, held_out_loss=2.5)}
+    snap = SwarmSnapshot(swarm="s", peers={p: record(p, state="training") for p in (a, b, c, d)},
+                         assignments={IDS[9]: assignment}, progress=progress, read_at=0.0)
+    json_snapshot = snap.to_json(IDS[9])
+    held_out = json_snapshot["assignment"]["held_out"]
+    assert {key: held_out[key] for key in ("step", "loss", "agreeing", "reported", "corroborated")} == {
+        "step": 9, "loss": 2.5, "agreeing": 2, "reported": 2, "corroborated": True}
+    text = printed(json_snapshot)
+    assert "held-out loss 2.500 after step 9 (2 of 2 pipelines agree)" in " ".join(text.split())
+    rows = [line for line in text.splitlines() if "2.500 @9" in line]
+    assert len(rows) == 2  # the two last stages; the first stages measure nothing

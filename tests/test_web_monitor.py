@@ -85,6 +85,15 @@ def test_history_keeps_one_point_per_step_and_stays_bounded():
     assert set(history.to_json()["peers"]) == set(others[1:])  # the least recently heard peers were dropped
 
 
+def test_history_keeps_each_held_out_loss_once_by_the_step_it_was_measured_after():
+    history = ProgressHistory(max_points_per_peer=2)
+    for step in range(8):  # measured after steps 1, 3 and 5; each record repeats the newest until the next
+        measured = (step - 1) // 2 * 2 + 1 if step >= 1 else None
+        held_out = {} if measured is None or measured > 5 else {"held_out_step": measured, "held_out_loss": 9.0 - measured}
+        history.record([progress(step).copy(update=held_out)])
+    assert history.to_json()["held_out"] == {PEER: [(3, 6.0), (5, 4.0)]}  # bounded as the steps are
+
+
 class FlakyRecords(SwarmRecords):
     """The real reader over no DHT: the first read of each key finds one Progress record, every later one times out."""
 

@@ -86,6 +86,8 @@ def coordinator(
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
                                                        "this many times its recent median (0: never).")] = 2.0,
+    eval_every: Annotated[int, typer.Option(help="Every pipeline measures its loss on the data's held-out split "
+                                                 "every this many steps (0: never).")] = 0,
     export_every: Annotated[Optional[int], typer.Option(help="Write the live model as a Hugging Face folder "
                                                              "(--export-dir/step-K) every this many steps.")] = None,
     export_dir: Annotated[Optional[Path], typer.Option(help="Where --export-every writes.")] = None,
@@ -128,7 +130,7 @@ def coordinator(
                                        state_path=state_path_for(identity_path) if identity_path else None,
                                        checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
                                        lost_state_wait_s=lost_state_wait, rollback_spike=rollback_spike,
-                                       aggregation=_aggregation(aggregation))
+                                       aggregation=_aggregation(aggregation), eval_every=eval_every)
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     allowed = load_allow_list(allow_list) if allow_list is not None else frozenset()

@@ -35,6 +35,7 @@ def demo(
                                                             "(aq-sgd needs one).")] = None,
     bandwidth_scale: Annotated[float, typer.Option(help="Emulated bandwidths × this, so the traffic matters.")] = 0.005,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data and the plans.")] = 0,
+    eval_every: Annotated[int, typer.Option(help="Steps between held-out losses (0: none).")] = 5,
     workdir: Annotated[Optional[Path], typer.Option(help="Where the logs and plans go (default: a temp folder).")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -47,7 +48,7 @@ def demo(
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
     config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
                         bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression,
-                        data_period=data_period)
+                        data_period=data_period, eval_every=eval_every)
     try:
         _run_demo(config, console)
     except KeyboardInterrupt:

@@ -44,10 +44,14 @@ def write_demo_plot(phases: list[PhaseResult], path: Path) -> Path:
         steps = sorted(phase.losses)
         label = f"{phase.placement} plan (v{phase.version})"
         losses.plot(steps, [phase.losses[s] for s in steps], marker="o", markersize=3, label=label)
+        if phase.held_out:
+            held = sorted(phase.held_out)
+            losses.plot(held, [phase.held_out[s] for s in held], linestyle=":", marker="s", markersize=4,
+                        color=losses.get_lines()[-1].get_color(), label=f"{label}, held-out")
         timed = sorted(phase.loss_times)
         clock.plot([phase.loss_times[s] for s in timed], [phase.losses[s] for s in timed], marker="o", markersize=3,
                    label=label)
-    losses.set(title="Loss against steps", xlabel="step", ylabel="mean loss of the last stage")
+    losses.set(title="Loss against steps (dotted: held-out)", xlabel="step", ylabel="mean loss of the last stage")
     clock.set(title="Loss against wall-clock time", xlabel="seconds since the plan's first step",
               ylabel="mean loss of the last stage")
     for axes in (losses, clock):

@@ -134,14 +134,22 @@ def progress_table(snapshot: dict[str, Any]) -> Table:
     assignment = snapshot.get("assignment")
     predicted = f", predicted {assignment['predicted_step_s']:.2f} s/step" if assignment else ""
     table = Table(title=f"training progress{predicted}")
-    for column in ("peer", "plan", "step", "loss", "tokens/s", "compute s", "wait s", "step s"):
+    held_out = assignment.get("held_out") if assignment else None
+    if held_out is not None:
+        table.caption = held_out["text"]
+    for column in ("peer", "plan", "step", "loss", "held-out", "tokens/s", "compute s", "wait s", "step s"):
         table.add_column(column, justify="left" if column in ("peer", "plan") else "right")
     for p in sorted(snapshot["progress"], key=lambda p: names.get(p["peer_id"], p["peer_id"])):
         loss = "" if p["loss"] is None else f"{p['loss']:.3f}"
         table.add_row(names.get(p["peer_id"], short_id(p["peer_id"])), f"v{p['assignment_version']}", str(p["step"]),
-                      loss, f"{p['tokens_per_s']:.0f}", f"{p['compute_s']:.2f}", f"{p['wait_s']:.2f}",
-                      f"{p['compute_s'] + p['wait_s']:.2f}")
+                      loss, _held_out_cell(p.get("held_out_loss"), p.get("held_out_step")), f"{p['tokens_per_s']:.0f}",
+                      f"{p['compute_s']:.2f}", f"{p['wait_s']:.2f}", f"{p['compute_s'] + p['wait_s']:.2f}")
     return table
+
+
+def _held_out_cell(loss: float | None, step: int | None) -> str:
+    """A peer's newest held-out loss and the step it was measured after."""
+    return "" if loss is None else f"{loss:.3f} @{step}"
 
 
 def render(snapshot: dict[str, Any]) -> Group:
@@ -169,7 +177,8 @@ def render_watch(watch: DemoWatch) -> Group:
         header += (f"; plan v{phase.version} ({phase.placement}, {phase.wire}) predicted "
                    f"{phase.predicted_step_s:.2f} s/step")
     table = Table()
-    for column in ("client", "site", "stage·pipeline", "state", "step", "loss", "tokens/s", "compute s", "wait s"):
+    for column in ("client", "site", "stage·pipeline", "state", "step", "loss", "held-out", "tokens/s", "compute s",
+                   "wait s"):
         table.add_column(column, justify="left" if column in ("client", "site", "state") else "right")
     roles = watch.assignment.roles if watch.assignment else {}
     for peer, record in sorted(watch.peers.items(), key=lambda item: item[1].public_name or item[0]):
@@ -177,7 +186,7 @@ def render_watch(watch: DemoWatch) -> Group:
         role = roles.get(peer)
         table.add_row(record.public_name or short_id(peer), record.site or "", f"{role.stage}·{role.replica}" if role else "—",
                       record.state, str(p.step) if p else "", f"{p.loss:.3f}" if p and p.loss is not None else "",
-                      f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
+                      _held_out_cell(p.held_out_loss, p.held_out_step) if p else "", f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
                       f"{p.wait_s:.2f}" if p else "")
     return Group(header, table)
 
@@ -191,6 +200,10 @@ def summary_lines(phases: list[PhaseResult]) -> list[str]:
         took = first.loss_times.get(steps[-1], 0.0) - first.loss_times.get(steps[0], 0.0)
         lines.append(f"Loss ({first.placement} plan): {first.losses[steps[0]]:.3f} at step {steps[0]} → "
                      f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}, {took:.1f} s later")
+    if first.held_out:
+        steps = sorted(first.held_out)
+        lines.append(f"Held-out loss ({first.placement} plan): {first.held_out[steps[0]]:.3f} after step {steps[0]} → "
+                     f"{first.held_out[steps[-1]]:.3f} after step {steps[-1]}")
     if first.sample is not None:
         lines.append(f"Sample of the {first.placement} plan's model at step {first.sample_step} (greedy; `hetswarm "
                      f"generate {first.exported}` samples more): {SAMPLE_PROMPT + first.sample!r}")

@@ -87,6 +87,8 @@ class ProgressHistory:
             raise ValueError("every ProgressHistory bound must be at least 1")
         self.max_points_per_peer, self.max_peers, self.max_versions = max_points_per_peer, max_peers, max_versions
         self._points: OrderedDict[PeerId, OrderedDict[tuple[int, int], dict[str, Any]]] = OrderedDict()
+        self._held_out: dict[PeerId, OrderedDict[int, float]] = {}
+        """Each peer's held-out losses by the step they were measured after (Progress keeps only the newest)."""
         self._predicted_step_s: OrderedDict[int, float] = OrderedDict()
 
     def record(self, progress: Iterable[Progress]) -> None:
@@ -100,8 +102,13 @@ class ProgressHistory:
             }
             while len(points) > self.max_points_per_peer:
                 points.popitem(last=False)
+            if p.held_out_loss is not None and p.held_out_step is not None:
+                held_out = self._held_out.setdefault(p.peer_id, OrderedDict())
+                held_out[p.held_out_step] = p.held_out_loss
+                while len(held_out) > self.max_points_per_peer:
+                    held_out.popitem(last=False)
         while len(self._points) > self.max_peers:
-            self._points.popitem(last=False)
+            self._held_out.pop(self._points.popitem(last=False)[0], None)
 
     def note_assignment(self, assignment: Assignment | None) -> None:
         """Remembers the step time the plan of each version predicted, to draw beside what was measured."""
@@ -116,6 +123,7 @@ class ProgressHistory:
         return {
             "peers": {peer: [points[key] for key in sorted(points)] for peer, points in self._points.items()},
             "predictions": [{"version": v, "predicted_step_s": s} for v, s in sorted(self._predicted_step_s.items())],
+            "held_out": {peer: sorted(losses.items()) for peer, losses in self._held_out.items()},
             "max_points_per_peer": self.max_points_per_peer,
         }
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.held_out import swarm_held_out
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.coordinator.planner import PLACEMENTS
@@ -89,6 +90,8 @@ class DemoConfig:
     """The coordinator's --compression policy (protocol/wire_format.py)."""
     data_period: int | None = None
     """The coordinator's --data-period: steps per pass over a repeating data order (aq-sgd needs one)."""
+    eval_every: int = 5
+    """The coordinator's --eval-every: steps between the pipelines' held-out losses (0: none)."""
     emulate_tflops: tuple[float, ...] = ()
     """Client i computes as fast as a device of emulate_tflops[i % len] TFLOPS (`hetswarm join --emulate-tflops`);
     empty: as fast as this machine."""
@@ -110,9 +113,9 @@ class DemoConfig:
             raise ConfigError(f"emulated TFLOPS must be positive, got {self.emulate_tflops}")
         if self.compression not in COMPRESSION_POLICIES:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
-        if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0:
-            raise ConfigError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0; got {self.steps}, "
-                             f"{self.warmup_steps}, {self.bandwidth_scale}")
+        if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0 or self.eval_every < 0:
+            raise ConfigError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0, eval_every >= 0; got "
+                             f"{self.steps}, {self.warmup_steps}, {self.bandwidth_scale}, {self.eval_every}")
 
     @property
     def pp(self) -> int:
@@ -143,6 +146,8 @@ class PhaseResult:
     """Step → mean loss of the last-stage peers that reported it."""
     loss_times: dict[int, float] = field(default_factory=dict)
     """Step → seconds from the phase's first Progress record to the first report of the step's loss."""
+    held_out: dict[int, float] = field(default_factory=dict)
+    """Step → the held-out loss measured after it, where the pipelines agreed on it (client/peer/held_out.py)."""
     sample: str | None = None
     """What the phase's model added to SAMPLE_PROMPT (the first phase's only; module docstring)."""
     sample_step: int | None = None
@@ -229,6 +234,7 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         *_shape_options(config, placement), "--min-peers", str(n), "--plan", placement,
         "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
         "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
+        "--eval-every", str(config.eval_every),
         *(("--data-period", str(config.data_period)) if config.data_period else ()))
     await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
                 on_update)
@@ -266,6 +272,20 @@ def _measure(phase: PhaseResult, watch: DemoWatch, assignment: Assignment, warmu
         if reports:
             phase.losses[step] = sum(r.loss for r in reports) / len(reports)
             phase.loss_times[step] = min(r.updated_at for r in reports) - started
+    phase.held_out = _held_out_losses(by_peer, assignment)
+
+
+def _held_out_losses(by_peer: dict[str, list[Progress]], assignment: Assignment) -> dict[int, float]:
+    """Step → the held-out loss measured after it, as the plan's last stages vouch for it (a plan of one pipeline
+    has only its word)."""
+    found = {}
+    for step in sorted({r.held_out_step for records in by_peer.values() for r in records} - {None}):
+        reports = {peer: next(r for r in records if r.held_out_step == step)
+                   for peer, records in by_peer.items() if any(r.held_out_step == step for r in records)}
+        held_out = swarm_held_out(assignment, reports)
+        if held_out is not None and (held_out.corroborated or assignment.d_dp == 1):
+            found[step] = held_out.loss
+    return found
 
 
 def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = lambda watch: None,

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hetswarm.client.peer.addresses import MetricsAddress
+from hetswarm.client.peer.held_out import swarm_held_out
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import LinkMeasurement, PeerRecord, Progress
@@ -279,10 +280,16 @@ class CoordinatorCollector(Collector):
             if len(window) >= 2 and window[-1][0] > window[0][0]:
                 periods.append((window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]))
         losses = [r.loss for r in progress.values() if r.loss is not None]
+        held_out = swarm_held_out(assignment, progress)
+        believed = held_out if held_out is not None and held_out.corroborated else None
         return [
             _gauge("hetswarm_step", "Furthest step a member of the plan reported.", max(steps, default=None)),
             _gauge("hetswarm_loss", "Mean loss the plan's last-stage members reported.",
                    statistics.fmean(losses) if losses else None),
+            _gauge("hetswarm_held_out_loss", "Held-out loss of the plan's model that two or more pipelines agree on "
+                   "(client/peer/held_out.py).", believed.loss if believed else None),
+            _gauge("hetswarm_held_out_step", "The step after which that held-out loss was measured.",
+                   believed.step if believed else None),
             _gauge("hetswarm_measured_step_seconds", "Median over the plan's members of their recent step period.",
                    statistics.median(periods) if periods else None),
         ]

@@ -9,13 +9,14 @@ newest checkpoint that covers the model, the live replicas of each stage, and wh
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.assignment_follower import reason_to_refuse
+from hetswarm.client.peer.held_out import swarm_held_out
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.plan import cost_plan
 from hetswarm.coordinator.state_plan import newest_complete_checkpoint
@@ -148,6 +149,8 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         "bottleneck_link": _bottleneck(assignment, view, placed, who),
         "followers": sum(r.assignment_version == assignment.version for r in records.values()),
         "training_state": _training_state(assignment, records, progress),
+        "held_out": None if (held_out := swarm_held_out(assignment, progress)) is None else
+        asdict(held_out) | {"corroborated": held_out.corroborated, "text": held_out.describe()},
     }
 
 

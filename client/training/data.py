@@ -7,6 +7,9 @@ installed wheel carries no data file. Pipeline i of n reads only shard i (the i-
 A micro-batch is a pure function of (seed, step, pipeline, micro-batch): the first stage (which needs the inputs)
 and the last stage (which needs the targets) of a pipeline draw the same one without talking. Every source has a
 SHA-256 digest, by which a plan names the data it trains on.
+
+Held-out text, for the loss a plan measures every `eval_every` steps, is a prepared folder's validation split or,
+for the generated corpus, more of it drawn with another seed; a user's text file has none (prepare it to get one).
 """
 import hashlib
 import random
@@ -22,6 +25,9 @@ __all__ = ["DataError", "TokenSource", "default_corpus", "read_corpus", "sequenc
 
 DEFAULT_CORPUS_BYTES = 1 << 20
 """Size of the generated corpus: enough for the demo's small models to learn from without repeating a batch."""
+
+HELD_OUT_BYTES, HELD_OUT_SEED = 1 << 16, 1
+"""The generated held-out text: other paragraphs of the same kind as the training corpus (seed 0)."""
 
 _TEXT_SUFFIXES = (".txt", ".md")
 
@@ -84,18 +90,20 @@ class TokenSource:
     """Tokens from which any pipeline can draw any micro-batch of any step, deterministically."""
 
     def __init__(self, corpus: bytes | np.ndarray, *, seed: int = 0, vocab_size: int = 256,
-                 digest: str | None = None) -> None:
+                 digest: str | None = None, held_out: bytes | np.ndarray | None = None) -> None:
         """
         Args:
             corpus: text as bytes (each byte a token), or a 1-D array of token ids (a prepared folder's, mapped).
             vocab_size: one more than the largest token id the data may hold; a model needs at least this many.
             digest: SHA-256 of the data, hex, when known (a prepared folder's, checked); else computed here.
+            held_out: tokens never trained on, as `corpus`, for the held-out loss; None when the data has none.
         """
-        tokens = np.frombuffer(corpus, dtype=np.uint8) if isinstance(corpus, bytes) else corpus
+        tokens = _tokens(corpus)
         if len(tokens) == 0:
             raise DataError("the training corpus is empty")
         self.tokens, self.seed, self.vocab_size = tokens, seed, vocab_size  # tokens: (N,)
         self.digest = digest or hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest()
+        self.held_out = None if held_out is None else _tokens(held_out)  # (H,)
 
     @classmethod
     def from_path(cls, path: str | Path | None, *, seed: int = 0) -> "TokenSource":
@@ -105,8 +113,11 @@ class TokenSource:
             from hetswarm.client.training.prepared_data import PreparedData  # tokens of `hetswarm data prepare`
 
             prepared = PreparedData.open(Path(path))
-            return cls(prepared.split("train"), seed=seed, vocab_size=prepared.vocab_size, digest=prepared.digest)
-        return cls(default_corpus() if path is None else read_corpus(Path(path)), seed=seed)
+            return cls(prepared.split("train"), seed=seed, vocab_size=prepared.vocab_size, digest=prepared.digest,
+                       held_out=prepared.split("validation"))
+        if path is None:
+            return cls(default_corpus(), seed=seed, held_out=default_corpus(HELD_OUT_BYTES, seed=HELD_OUT_SEED))
+        return cls(read_corpus(Path(path)), seed=seed)
 
     def shard(self, pipeline: int, n_pipelines: int) -> np.ndarray:
         """The contiguous part of the corpus that pipeline ``pipeline`` of ``n_pipelines`` reads."""
@@ -137,7 +148,35 @@ class TokenSource:
             raise DataError(f"the corpus ({len(self.tokens)} tokens) cut into {n_pipelines} shards leaves "
                             f"{len(shard)} tokens for pipeline {pipeline}: fewer than seq_len + 1 = {seq_len + 1}")
         first = micro_batch * micro_batch_size
-        starts = np.array([[int(np.random.SeedSequence([self.seed, step, pipeline, sequence]).generate_state(
-            1, np.uint64)[0] % windows)] for sequence in range(first, first + micro_batch_size)])  # (B, 1)
-        rows = torch.from_numpy(shard[starts + np.arange(seq_len + 1)].astype(np.int64))  # (B, T + 1)
-        return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)
+        starts = [int(np.random.SeedSequence([self.seed, step, pipeline, sequence]).generate_state(1, np.uint64)[0]
+                      % windows) for sequence in range(first, first + micro_batch_size)]
+        return _windows(shard, starts, seq_len)
+
+    def held_out_batch(self, *, micro_batch: int, micro_batch_size: int, micro_batches: int, seq_len: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch ``micro_batch`` of the held-out set: micro_batches × micro_batch_size windows spread evenly over
+        the held-out tokens, the same for every pipeline and step, so that every pipeline measures the same model on
+        the same text and their losses corroborate each other.
+
+        Raises:
+            DataError: the data has no held-out tokens, or fewer than seq_len + 1.
+        """
+        if self.held_out is None:
+            raise DataError("this data has no held-out split: prepare it with `hetswarm data prepare` to get one")
+        windows = len(self.held_out) - seq_len
+        if windows < 1:
+            raise DataError(f"the held-out split has {len(self.held_out)} tokens: fewer than seq_len + 1 = "
+                            f"{seq_len + 1}")
+        total, first = micro_batches * micro_batch_size, micro_batch * micro_batch_size
+        starts = [sequence * windows // total for sequence in range(first, first + micro_batch_size)]
+        return _windows(self.held_out, starts, seq_len)
+
+
+def _tokens(corpus: bytes | np.ndarray) -> np.ndarray:
+    return np.frombuffer(corpus, dtype=np.uint8) if isinstance(corpus, bytes) else corpus
+
+
+def _windows(tokens: np.ndarray, starts: list[int], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of the windows of seq_len + 1 tokens at `starts`: int64, (len(starts), seq_len) each."""
+    rows = torch.from_numpy(tokens[np.array(starts)[:, None] + np.arange(seq_len + 1)].astype(np.int64))  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)

@@ -1,10 +1,11 @@
 """Activations forward and gradients backward between the neighbouring stages of one pipeline.
 
 Each frame travels as one stream call (``ActivationServicer.rpc_push``) and is answered once: an empty answer
-when the receiver took it, the receiver's reason when it refused it. A receiver takes activations only from the
-previous stage of its pipeline and gradients only from the next, for its own assignment version, pipeline and
-tensor shape, and for the current step or the one after it (a neighbour that finished its all-reduce first may
-already be one step ahead; two steps ahead is impossible in lock-step, so anything further is refused). Good
+when the receiver took it, the receiver's reason when it refused it. A receiver takes activations (and the
+held-out ones of an evaluation) only from the previous stage of its pipeline and gradients only from the next, for
+its own assignment version, pipeline and tensor shape, and for the current step or the one after it (a neighbour
+that finished its all-reduce first may already be one step ahead; two steps ahead is impossible in lock-step, so
+anything further is refused). Good
 frames wait in an ``Inbox`` until the worker takes them; a bad one is logged, answered with its reason, and
 the servicer keeps serving.
 
@@ -80,7 +81,7 @@ class StreamPlan:
 
     def codec(self, kind: FrameKind) -> Codec:
         """The codec of a whole frame of `kind`."""
-        return self.wire.activations if kind == "activations" else self.wire.gradients
+        return self.wire.gradients if kind == "gradients" else self.wire.activations
 
     def delta_codec(self, kind: FrameKind) -> Codec | None:
         """The codec of a delta frame of `kind`; None when the plan sends `kind` whole."""
@@ -159,21 +160,22 @@ class ActivationServicer(ServicerBase):
 
         A neighbour's refused frame is drained, so that it reads our verdict; a stranger is cut off at once: it
         gets no verdict and costs us no more bytes."""
-        kind = self._kind_of(context.remote_id)
-        if kind is None:
+        kinds = self._kind_of(context.remote_id)
+        if kinds is None:
             logger.warning(f"Cut off a frame stream from {context.remote_id}: not a neighbour of this stage in "
                            f"pipeline {self.plan.pipeline}")
             return runtime_pb2.ExpertResponse(metadata=b"not a neighbour of this stage")
-        reason = await self._take(stream, kind)
+        reason = await self._take(stream, kinds)
         if reason is None:
             return runtime_pb2.ExpertResponse()
         logger.warning(f"Refused a frame from {context.remote_id}: {reason}")
         await self._drain(stream)
         return runtime_pb2.ExpertResponse(metadata=reason.encode())
 
-    def _kind_of(self, sender: PeerID) -> FrameKind | None:
-        """What a sender may push to this stage: activations from the previous stage, gradients from the next."""
-        return {self.plan.previous: "activations", self.plan.next: "gradients"}.get(sender)
+    def _kind_of(self, sender: PeerID) -> tuple[FrameKind, ...] | None:
+        """What a sender may push to this stage: activations (and held-out ones) from the previous stage, gradients
+        from the next."""
+        return {self.plan.previous: ("activations", "held-out"), self.plan.next: ("gradients",)}.get(sender)
 
     async def _drain(self, stream: AsyncIterator[runtime_pb2.ExpertRequest]) -> None:
         """Reads what the sender is still writing (bounded), so it gets our verdict rather than a reset stream."""
@@ -185,10 +187,11 @@ class ActivationServicer(ServicerBase):
                     if received > MAX_FRAME_BYTES:
                         return
 
-    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kind: FrameKind) -> str | None:
+    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kinds: tuple[FrameKind, ...]
+                    ) -> str | None:
         """Reads and stores one frame of a neighbour; returns why it was refused, or None when it was taken."""
-        expected = Expectation(kind=kind, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
-                               codec=self.plan.codec(kind), delta_codec=self.plan.delta_codec(kind),
+        expected = Expectation(kind=kinds, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
+                               codec=self.plan.codec(kinds[0]), delta_codec=self.plan.delta_codec(kinds[0]),
                                pipeline=self.plan.pipeline,
                                micro_batches=self.plan.micro_batches)
         try:
@@ -203,7 +206,7 @@ class ActivationServicer(ServicerBase):
         if (header.step, header.attempt) < (self.current_step, self.current_attempt):
             return (f"frame is for attempt {header.attempt} of step {header.step}, this stage is at attempt "
                     f"{self.current_attempt}")
-        if self.deltas is None or kind != "activations":
+        if self.deltas is None or header.kind != "activations":
             return self.inbox.put((header.kind, header.step, header.attempt, header.micro_batch), tensor)
         sample, attempt = self.plan.sample(header.step, header.micro_batch), (header.step, header.attempt)
         try:
@@ -275,7 +278,7 @@ class NeighbourStreams:
     async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int,
                    attempt: int = 0) -> None:
         """Activations to the next stage or gradients to the previous one, in the plan's codec for them."""
-        peer = self.plan.next if kind == "activations" else self.plan.previous
+        peer = self.plan.previous if kind == "gradients" else self.plan.next
         if peer is None:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
         tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind), None
@@ -313,7 +316,7 @@ class NeighbourStreams:
         try:
             return await self.servicer.inbox.take((kind, step, attempt, micro_batch), self.frame_timeout_s)
         except TimeoutError:
-            sender = self.plan.previous if kind == "activations" else self.plan.next
+            sender = self.plan.next if kind == "gradients" else self.plan.previous
             raise NeighbourSilent(f"no {kind} of step {step} (attempt {attempt}), micro-batch {micro_batch} from {sender} "
                                   f"within {self.frame_timeout_s} s", peers=[sender]) from None
 

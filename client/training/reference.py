@@ -25,7 +25,7 @@ from hetswarm.client.training.data import TokenSource, sequences_per_micro_batch
 from hetswarm.client.training.model import StageModule, loss
 from hetswarm.protocol.model_config import ModelConfig
 
-__all__ = ["MicroBatch", "ReferenceStep", "micro_batch_loss", "reference_step", "step_batches"]
+__all__ = ["MicroBatch", "ReferenceStep", "held_out_loss", "micro_batch_loss", "reference_step", "step_batches"]
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 """(inputs, targets), both int64 of shape (B, T)."""
@@ -77,3 +77,16 @@ def reference_step(model: StageModule, batches: Sequence[Sequence[MicroBatch]]) 
     total.backward()
     grads = {name: param.grad.detach().clone() for name, param in model.named_parameters()}
     return ReferenceStep(loss=total.item(), grads=grads)
+
+
+def held_out_loss(model: StageModule, source: TokenSource, config: ModelConfig, *, n_pipelines: int) -> float:
+    """What every pipeline measures on the held-out set (StageWorker's held-out loss), in one process: the mean of
+    CE over the held-out micro-batches, summed in micro-batch order as the last stage sums them."""
+    size = sequences_per_micro_batch(config, n_pipelines)
+    total = 0.0
+    with torch.no_grad():
+        for m in range(config.micro_batches):
+            inputs, targets = source.held_out_batch(micro_batch=m, micro_batch_size=size,
+                                                    micro_batches=config.micro_batches, seq_len=config.seq_len)
+            total += micro_batch_loss(model(inputs), targets, micro_batches=config.micro_batches).item()
+    return total

@@ -27,6 +27,11 @@ attempt 0 uses them only if no one has touched the weights since (a replica chec
 follows a step that ran ahead). The weights, data and arithmetic are those of the step run in turn, so the result
 is bit for bit the same (tests/test_run_ahead.py).
 
+When the plan asks for a held-out loss (``Assignment.eval_every``), the pipeline runs the held-out micro-batches
+forward only through its stages once the step is committed, the activations travelling as frames of kind
+`held-out` under the step's key; the last stage reports their mean loss (client/peer/held_out.py weighs the
+pipelines' reports). A failed evaluation loses that figure only.
+
 Compute runs in a worker thread, so this peer's event loop keeps taking frames and all-reduce parts while it
 computes. On CUDA the forward pass runs under bf16 autocast with fp32 weights; every tensor that leaves the
 peer is moved to the CPU first.
@@ -37,7 +42,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -145,6 +150,8 @@ class StepReport:
     """Its passes were computed while the plan voted on the step before (module docstring)."""
     rollbacks: int = 0
     """Steps this worker applied ahead of the plan's decision and put back when the plan aborted them, so far."""
+    held_out_loss: float | None = None
+    """The pipeline's mean loss on the held-out set after this step, when the plan evaluated it (last stage only)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -186,7 +193,7 @@ class StageWorker:
         self, module: StageModule, *, streams: NeighbourStreams, group: StageGroup, board: CommitBoard,
         replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
         device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer, stage: int, d_pp: int,
-        schedule: PipelineSchedule = "gpipe", emulated_tflops: float | None = None,
+        schedule: PipelineSchedule = "gpipe", emulated_tflops: float | None = None, eval_every: int = 0,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
         self.board, self.replicas = board, replicas
@@ -194,6 +201,8 @@ class StageWorker:
         self.device, self.config = device, config
         self.emulated_tflops = emulated_tflops
         """Every computation here takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
+        self.eval_every = eval_every
+        """The pipeline measures its held-out loss after every step s with (s + 1) % eval_every == 0; 0: never."""
         self.micro_batches, self.schedule = model_config.micro_batches, schedule
         self.stage, self.d_pp = stage, d_pp
         self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
@@ -260,11 +269,14 @@ class StageWorker:
         if logger.isEnabledFor(logging.DEBUG):  # built only when shown: this runs every step
             logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
                 f"{event} {at - clock.started:+.3f}" for event, at in sorted(clock.timeline, key=lambda e: e[1])))
-        return StepReport(step=step, loss=loss, compute_s=clock.compute_s, wait_s=clock.wait_s,
-                          wall_s=time.perf_counter() - clock.started,
-                          tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
-                          attempt=attempt, retries=self.retries, resyncs=self.resyncs, computed_ahead=computed_ahead,
-                          rollbacks=self.rollbacks)
+        report = StepReport(step=step, loss=loss, compute_s=clock.compute_s, wait_s=clock.wait_s,
+                            wall_s=time.perf_counter() - clock.started,
+                            tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
+                            attempt=attempt, retries=self.retries, resyncs=self.resyncs,
+                            computed_ahead=computed_ahead, rollbacks=self.rollbacks)
+        if self.eval_every and (step + 1) % self.eval_every == 0:
+            report = replace(report, held_out_loss=await self._held_out_loss(step, attempt))
+        return report
 
     def _checks_replicas_after(self, step: int, attempt: int) -> bool:
         """Whether the replicas compare states once `step` commits at `attempt`: on a new plan's first step (the
@@ -422,25 +434,54 @@ class StageWorker:
                 losses[m] = output.item()
         return sum(losses[m] for m in range(self.micro_batches)) if self.module.is_last else None
 
-    async def _forward(self, step: int, attempt: int, m: int, sends: asyncio.TaskGroup
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    async def _forward(self, step: int, attempt: int, m: int, sends: asyncio.TaskGroup,
+                       kind: Literal["activations", "held-out"] = "activations") -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch m's forward pass, its output sent on; returns what its backward needs: the output (the loss
-        on the last stage) and the input."""
-        tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
-                                          n_pipelines=self.n_pipelines, micro_batch=m,
-                                          micro_batch_size=self.micro_batch_size,
-                                          seq_len=self.model_config.seq_len)  # (B, T), (B, T)
+        on the last stage) and the input. Of kind `held-out`: a micro-batch of the held-out set, without autograd."""
+        training = kind == "activations"
+        if training:
+            tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
+                                              n_pipelines=self.n_pipelines, micro_batch=m,
+                                              micro_batch_size=self.micro_batch_size,
+                                              seq_len=self.model_config.seq_len)  # (B, T), (B, T)
+        else:
+            tokens, targets = self.data.held_out_batch(micro_batch=m, micro_batch_size=self.micro_batch_size,
+                                                       micro_batches=self.micro_batches,
+                                                       seq_len=self.model_config.seq_len)  # (B, T), (B, T)
         if self.module.is_first:
             x = tokens.to(self.device)
         else:
-            received = await self._waiting(self.streams.receive("activations", step=step, micro_batch=m,
-                                                                attempt=attempt))
+            received = await self._waiting(self.streams.receive(kind, step=step, micro_batch=m, attempt=attempt))
             self._mark(f"a{m}")
-            x = received.to(self.device, torch.float32).detach().requires_grad_()  # (B, T, C), not the copy
-        out = await self._computing(self._module_forward, x, targets, flops=self.forward_flops)
+            x = received.to(self.device, torch.float32)  # (B, T, C)
+            if training:
+                x = x.detach().requires_grad_()  # not the copy
+        out = await self._computing(self._module_forward if training else self._forward_only, x, targets,
+                                    flops=self.forward_flops)
         if not self.module.is_last:
-            sends.create_task(self.streams.send("activations", out, step=step, micro_batch=m, attempt=attempt))
+            sends.create_task(self.streams.send(kind, out, step=step, micro_batch=m, attempt=attempt))
         return out, x
+
+    async def _held_out_loss(self, step: int, attempt: int) -> float | None:
+        """A forward-only pass of the held-out micro-batches through the pipeline, on the weights after `step`
+        (committed at `attempt`); returns their mean loss on the last stage, None elsewhere. A neighbour that fails
+        it costs this measurement only: training goes on, and the next evaluation is another chance."""
+        _CLOCK.set(_Clock())  # its time is not the step's
+        failure = None
+        try:
+            async with asyncio.TaskGroup() as sends:
+                outputs = [(await self._forward(step, attempt, m, sends, "held-out"))[0]
+                           for m in range(self.micro_batches)]
+        except* StageError as failures:
+            failure = failures.exceptions[0]
+        if failure is not None:
+            logger.warning(f"No held-out loss after step {step}: {failure}")
+            return None
+        return sum(out.item() for out in outputs) if self.module.is_last else None
+
+    def _forward_only(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self._module_forward(x, targets)
 
     def _module_forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
@@ -492,6 +533,16 @@ class StageWorker:
             return await awaitable
         finally:
             clock.wait_s += time.perf_counter() - started
+
+
+def _eval_every(assignment: Assignment, data: TokenSource) -> int:
+    """The plan's evaluation period, or 0 when the data has no held-out split (every peer's data is the plan's, so
+    every stage of the pipeline decides alike)."""
+    if assignment.eval_every and data.held_out is None:
+        logger.warning(f"Plan v{assignment.version} asks for a held-out loss every {assignment.eval_every} steps, "
+                       "but this data has no held-out split (prepare it with `hetswarm data prepare`): none measured")
+        return 0
+    return assignment.eval_every
 
 
 async def start_stage(
@@ -547,7 +598,8 @@ async def start_stage(
     worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
                        config=config, optimizer=optimizer, stage=role.stage, d_pp=assignment.d_pp,
-                       schedule=assignment.schedule, emulated_tflops=emulated_tflops)
+                       schedule=assignment.schedule, emulated_tflops=emulated_tflops,
+                       eval_every=_eval_every(assignment, data))
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()

@@ -161,6 +161,7 @@ class Trainer:
         self._step = 0
         self._corrupted = False
         self._recent_losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=MAX_RECENT_LOSSES)
+        self._held_out: tuple[int, float] | None = None  # (step, held-out loss) of the newest evaluation
         """(step, loss) of the last consecutive steps this peer committed (last stage only)."""
         """The step the training loop is on, for reports made beside it (the heartbeat)."""
         checkpoints = CheckpointDir(config.checkpoint_dir, node.config.swarm) if config.checkpoint_dir else None
@@ -385,10 +386,12 @@ class Trainer:
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
                     loss=report.loss, recent_losses=[loss for _, loss in self._recent_losses],
-                    tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
+                    **self._held_out_fields(report), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
                     updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
+            if report.held_out_loss is not None:
+                loss += f"held-out loss {report.held_out_loss:.6f}, "
             retried = f", after {report.attempt} retries" if report.attempt else ""
             logger.info(f"step {report.step}: {loss}{report.tokens_per_s:.0f} tokens/s, wall {report.wall_s:.3f} s "
                         f"(compute {report.compute_s:.3f} s, wait {report.wait_s:.3f} s{retried})")
@@ -414,6 +417,16 @@ class Trainer:
         if self._recent_losses and self._recent_losses[-1][0] != report.step - 1:
             self._recent_losses.clear()
         self._recent_losses.append((report.step, report.loss))
+
+    def _held_out_fields(self, report: StepReport) -> dict:
+        """The newest held-out loss, kept in every Progress record until the next is measured (or a rollback or
+        resume goes back past its step)."""
+        if self._held_out is not None and report.step < self._held_out[0]:
+            self._held_out = None
+        if report.held_out_loss is not None:
+            self._held_out = (report.step, report.held_out_loss)
+        return {} if self._held_out is None else {"held_out_step": self._held_out[0],
+                                                  "held_out_loss": self._held_out[1]}
 
     def _origin_fields(self) -> dict:
         if self.origin is None:

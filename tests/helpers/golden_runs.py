@@ -35,10 +35,13 @@ class GoldenRun:
     """Step counts after which the parameters are kept (the run's last step is always among them)."""
     first_grads: bool = False
     data_seed: int = 0
+    eval_every: int = 0
+    """The plan's held-out loss period (Assignment.eval_every); the evaluation changes no weight."""
 
     def train(self, tmp: Path) -> list[dict]:
         return train_swarm(tmp, swarm=f"golden-{self.name}", steps=self.steps, model=self.model, seed=SEED,
                            data_seed=self.data_seed, config=self.config, save_first_grads=self.first_grads,
+                           runs={"eval_every": self.eval_every},
                            save_states_after=tuple(sorted({*self.states_after, self.steps})), timeout_s=300)
 
 
@@ -47,9 +50,9 @@ LR3_CONFIG = StageConfig(lr=3e-3, frame_timeout_s=8, sender_timeout_s=10, reduce
 """The training tests' stage config: replicas compare states every second step, timeouts short enough that a
 fault is noticed within a step."""
 
-TINY_RUN = GoldenRun("tiny", TINY, LR3_CONFIG, steps=30, states_after=(6,), first_grads=True)
-"""tests/test_training_correctness.py reads its 30 steps and first gradients; tests/test_step_faults.py and
-tests/test_compressed_training.py its parameters after 6 steps."""
+TINY_RUN = GoldenRun("tiny", TINY, LR3_CONFIG, steps=30, states_after=(6,), first_grads=True, eval_every=6)
+"""tests/test_training_correctness.py reads its 30 steps, first gradients and held-out losses; tests/test_step_faults.py
+and tests/test_compressed_training.py its parameters after 6 steps."""
 
 TINY_FP32 = replace(TINY, name="tiny-fp32", activation_bytes_per_value=4,
                     micro_batches=TINY.batch_tokens // TINY.seq_len // D_DP)

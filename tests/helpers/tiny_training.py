@@ -12,7 +12,7 @@ import torch
 
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.model import build_full_model
-from hetswarm.client.training.reference import reference_step, step_batches
+from hetswarm.client.training.reference import held_out_loss, reference_step, step_batches
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
@@ -95,3 +95,20 @@ def assert_first_step_is_the_reference(results: list[dict], model: ModelConfig, 
             torch.testing.assert_close(grad, reference.grads[name], rtol=1e-5, atol=1e-5, msg=name)
             checked.add(name)
     assert checked == set(reference.grads)
+
+
+def assert_held_out_is_the_models(results: list[dict], model: ModelConfig, states: list[dict[str, torch.Tensor]], *,
+                                  step: int, d_pp: int, d_dp: int) -> None:
+    """Every pipeline's held-out loss after `step` is the one of the model its stages hold then (`states`, in
+    peer order, assembled into one model), on the same held-out windows (1e-5), and the pipelines agree bit for
+    bit; no other stage reports one."""
+    whole = build_full_model(model, seed=SEED)
+    held = {name: value for state in states for name, value in state.items()}
+    with torch.no_grad():
+        for name, param in whole.named_parameters():
+            param.copy_(held[name])
+    expected = held_out_loss(whole, TokenSource.from_path(None), model, n_pipelines=d_dp)
+    reported = [r["reports"][step]["held_out_loss"] for r in results if r["stage"] == d_pp - 1]
+    assert len(reported) == d_dp and len(set(reported)) == 1, reported
+    assert reported[0] == pytest.approx(expected, abs=1e-5)
+    assert all(r["reports"][step]["held_out_loss"] is None for r in results if r["stage"] != d_pp - 1)

@@ -371,7 +371,8 @@ function lineChart(target, series, refs, {yFromZero = false, empty = "no data ye
   }
   for (const s of series) {
     const path = s.points.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
-    parts.push(svg("path", {d: path, fill: "none", stroke: s.color, "stroke-width": 2, "data-peer-id": s.peer},
+    const style = s.dash ? {"stroke-dasharray": "2 3", "data-held-out": "1"} : {};
+    parts.push(svg("path", {d: path, fill: "none", stroke: s.color, "stroke-width": 2, "data-peer-id": s.peer, ...style},
                    svg("title", {}, s.label)));
     if (s.points.length < 40) {
       for (const p of s.points) parts.push(svg("circle", {cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: s.color}));
@@ -402,6 +403,10 @@ function historySeries(state, colors, names, pick) {
 
 function renderLoss(state, colors, names) {
   const series = historySeries(state, colors, names, (p) => p.loss);
+  for (const [peer, points] of Object.entries(state.history.held_out || {})) {  // dotted: held-out loss
+    const label = `${names.get(peer) || peer.slice(-6)} held-out`;
+    if (points.length) series.push({peer, label, color: colors.get(peer) || "#999", points, dash: true});
+  }
   lineChart(document.getElementById("loss-chart"), series, [], {empty: "no loss reported yet"});
   legend(document.getElementById("loss-legend"), series, []);
 }
