@@ -135,7 +135,7 @@ def test_the_coordinator_exports_its_plan_the_members_progress_and_every_link_it
 
 
 def test_the_coordinator_exports_a_held_out_loss_only_when_two_pipelines_agree_on_it():
-    two = SimpleNamespace(version=3, predicted_step_s=0.5, d_pp=1, d_dp=2, pipelines=[[ME], [OTHER]],
+    two = SimpleNamespace(version=3, predicted_step_s=0.5, d_pp=1, d_dp=2, pipelines=[[ME], [OTHER]], eval_every=5,
                           roles={ME: PeerRole(stage=0, replica=0), OTHER: PeerRole(stage=0, replica=1)})
     collector = CoordinatorCollector(SimpleNamespace(assignment=two), records=None)
     collector.peers = {}

@@ -129,7 +129,7 @@ def test_the_plans_wire_is_shown():
 
 def test_each_last_stage_shows_its_held_out_loss_and_the_table_what_the_pipelines_agree_on():
     a, b, c, d = IDS[:4]
-    assignment = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
+    assignment = assignment_for([[a, b], [c, d]], IDS[9], eval_every=5).copy(update={"version": 3})
     progress = {a: _progress(a, 10), c: _progress(c, 10),
                 b: _progress(b, 10, held_out_step=9, held_out_loss=2.5),
                 d: _progress(d, 10, held_out_step=9, held_out_loss=2.5)}

@@ -152,6 +152,14 @@ class TokenSource:
                       % windows) for sequence in range(first, first + micro_batch_size)]
         return _windows(shard, starts, seq_len)
 
+    def held_out_problem(self, seq_len: int) -> str | None:
+        """Why this data cannot give held-out windows of seq_len + 1 tokens, or None when it can."""
+        if self.held_out is None:
+            return "this data has no held-out split: prepare it with `hetswarm data prepare` to get one"
+        if len(self.held_out) <= seq_len:
+            return f"the held-out split has {len(self.held_out)} tokens: fewer than seq_len + 1 = {seq_len + 1}"
+        return None
+
     def held_out_batch(self, *, micro_batch: int, micro_batch_size: int, micro_batches: int, seq_len: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``micro_batch`` of the held-out set: micro_batches × micro_batch_size windows spread evenly over
@@ -161,12 +169,9 @@ class TokenSource:
         Raises:
             DataError: the data has no held-out tokens, or fewer than seq_len + 1.
         """
-        if self.held_out is None:
-            raise DataError("this data has no held-out split: prepare it with `hetswarm data prepare` to get one")
+        if (problem := self.held_out_problem(seq_len)) is not None:
+            raise DataError(problem)
         windows = len(self.held_out) - seq_len
-        if windows < 1:
-            raise DataError(f"the held-out split has {len(self.held_out)} tokens: fewer than seq_len + 1 = "
-                            f"{seq_len + 1}")
         total, first = micro_batches * micro_batch_size, micro_batch * micro_batch_size
         starts = [sequence * windows // total for sequence in range(first, first + micro_batch_size)]
         return _windows(self.held_out, starts, seq_len)

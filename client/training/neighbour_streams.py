@@ -121,10 +121,16 @@ class Inbox:
         self._slot(key).set_result(tensor)
         return None
 
-    async def take(self, key: FrameKey, timeout_s: float) -> torch.Tensor:
-        """The frame under ``key``, waiting up to ``timeout_s`` for it (TimeoutError otherwise)."""
-        async with asyncio.timeout(timeout_s):
-            tensor = await asyncio.shield(self._slot(key))
+    async def take(self, key: FrameKey, timeout_s: float, *, unless: FrameKey | None = None) -> torch.Tensor | None:
+        """The frame under ``key``, waiting up to ``timeout_s`` for it (TimeoutError otherwise); None when a frame
+        under ``unless`` arrives first (its sender has moved past ``key``)."""
+        wanted = self._slot(key)
+        async with asyncio.timeout(timeout_s):  # asyncio.wait leaves the slots alone when the time is up
+            await asyncio.wait({wanted} if unless is None else {wanted, self._slot(unless)},
+                               return_when=asyncio.FIRST_COMPLETED)
+        if not wanted.done():
+            return None
+        tensor = wanted.result()  # CancelledError when drop_before dropped the key meanwhile
         del self._frames[key]
         self._taken[key] = tensor
         return tensor
@@ -310,15 +316,24 @@ class NeighbourStreams:
     async def receive(self, kind: FrameKind, *, step: int, micro_batch: int, attempt: int = 0) -> torch.Tensor:
         """The frame a neighbour sent for this step and micro-batch (a CPU tensor, decoded from the plan's codec).
 
+        A held-out frame is given up on as soon as the previous stage's first activations of the next step arrive:
+        it has moved on without sending it (its evaluation failed), and this stage must not hold up that step.
+
         Raises:
-            NeighbourSilent: it did not arrive within the frame timeout.
+            NeighbourSilent: it did not arrive within the frame timeout, or its sender moved on (naming no one).
         """
+        sender = self.plan.next if kind == "gradients" else self.plan.previous
+        moved_on = ("activations", step + 1, 0, 0) if kind == "held-out" else None
         try:
-            return await self.servicer.inbox.take((kind, step, attempt, micro_batch), self.frame_timeout_s)
+            tensor = await self.servicer.inbox.take((kind, step, attempt, micro_batch), self.frame_timeout_s,
+                                                    unless=moved_on)
         except TimeoutError:
-            sender = self.plan.next if kind == "gradients" else self.plan.previous
             raise NeighbourSilent(f"no {kind} of step {step} (attempt {attempt}), micro-batch {micro_batch} from {sender} "
                                   f"within {self.frame_timeout_s} s", peers=[sender]) from None
+        if tensor is None:
+            raise NeighbourSilent(f"{sender} moved on to step {step + 1} without sending {kind} of step {step}, "
+                                  f"micro-batch {micro_batch}")
+        return tensor
 
     async def wait_for(self, peers: Iterable[PeerID], timeout_s: float) -> None:
         """Returns once every peer's stage handlers answer, so the first step does not race their start-up.

@@ -472,10 +472,10 @@ class StageWorker:
             async with asyncio.TaskGroup() as sends:
                 outputs = [(await self._forward(step, attempt, m, sends, "held-out"))[0]
                            for m in range(self.micro_batches)]
-        except* StageError as failures:
+        except* Exception as failures:  # a neighbour's failure, or anything else: training state is untouched
             failure = failures.exceptions[0]
         if failure is not None:
-            logger.warning(f"No held-out loss after step {step}: {failure}")
+            logger.warning(f"No held-out loss after step {step}: {failure!r}")
             return None
         return sum(out.item() for out in outputs) if self.module.is_last else None
 
@@ -536,11 +536,12 @@ class StageWorker:
 
 
 def _eval_every(assignment: Assignment, data: TokenSource) -> int:
-    """The plan's evaluation period, or 0 when the data has no held-out split (every peer's data is the plan's, so
-    every stage of the pipeline decides alike)."""
-    if assignment.eval_every and data.held_out is None:
+    """The plan's evaluation period, or 0 when the data has no usable held-out split (every peer's data is the
+    plan's, so every stage of the pipeline decides alike)."""
+    problem = data.held_out_problem(assignment.model_config().seq_len) if assignment.eval_every else None
+    if problem is not None:
         logger.warning(f"Plan v{assignment.version} asks for a held-out loss every {assignment.eval_every} steps, "
-                       "but this data has no held-out split (prepare it with `hetswarm data prepare`): none measured")
+                       f"but {problem}: none measured")
         return 0
     return assignment.eval_every
 

@@ -50,7 +50,7 @@ from hetswarm.client.training.state_handoff import (
 )
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import state_namespace
-from hetswarm.protocol.limits import MAX_RECENT_LOSSES, MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.limits import MAX_LOSS, MAX_RECENT_LOSSES, MAX_UNREACHABLE_PER_RECORD
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRole, Progress, StateOrigin
 
@@ -159,11 +159,12 @@ class Trainer:
         self._switching = asyncio.Lock()
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
         self._step = 0
+        """The step the training loop is on, for reports made beside it (the heartbeat)."""
         self._corrupted = False
         self._recent_losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=MAX_RECENT_LOSSES)
-        self._held_out: tuple[int, float] | None = None  # (step, held-out loss) of the newest evaluation
         """(step, loss) of the last consecutive steps this peer committed (last stage only)."""
-        """The step the training loop is on, for reports made beside it (the heartbeat)."""
+        self._held_out: tuple[int, float] | None = None
+        """(step, held-out loss) of the newest evaluation (last stage only)."""
         checkpoints = CheckpointDir(config.checkpoint_dir, node.config.swarm) if config.checkpoint_dir else None
         self.store = StateStore(checkpoints)
         """The states this peer hands off to others: its last committed ones and its checkpoints."""
@@ -420,11 +421,16 @@ class Trainer:
 
     def _held_out_fields(self, report: StepReport) -> dict:
         """The newest held-out loss, kept in every Progress record until the next is measured (or a rollback or
-        resume goes back past its step)."""
-        if self._held_out is not None and report.step < self._held_out[0]:
+        resume trains its step again). A figure a record cannot hold (non-finite, or beyond MAX_LOSS: activations a
+        neighbour sent can make it so) is logged, not published."""
+        if self._held_out is not None and report.step <= self._held_out[0]:
             self._held_out = None
-        if report.held_out_loss is not None:
-            self._held_out = (report.step, report.held_out_loss)
+        loss = report.held_out_loss
+        if loss is not None and not 0.0 <= loss <= MAX_LOSS:  # NaN fails both comparisons
+            logger.warning(f"Held-out loss {loss} after step {report.step} is not a loss a record can hold; "
+                           f"not published")
+        elif loss is not None:
+            self._held_out = (report.step, loss)
         return {} if self._held_out is None else {"held_out_step": self._held_out[0],
                                                   "held_out_loss": self._held_out[1]}
 

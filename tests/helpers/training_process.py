@@ -70,18 +70,19 @@ class FaultyNeighbourStreams(NeighbourStreams):
     fault: Fault
     fault_at: tuple[int, int]  # (step, micro_batch) of the first attempt
 
-    def _hit(self, step: int, attempt: int, micro_batch: int) -> bool:
-        return attempt == 0 and (step, micro_batch) == self.fault_at
+    def _hit(self, kind: str, step: int, attempt: int, micro_batch: int) -> bool:
+        """A training frame of the faulty step's first attempt (never a held-out one)."""
+        return kind != "held-out" and attempt == 0 and (step, micro_batch) == self.fault_at
 
     def _stub(self, peer, header):
         stub = super()._stub(peer, header)
-        if self.fault is Fault.ANSWER_LOST and self._hit(header.step, header.attempt, header.micro_batch):
+        if self.fault is Fault.ANSWER_LOST and self._hit(header.kind, header.step, header.attempt, header.micro_batch):
             self.fault = Fault.NONE
             return _LostAnswerStub(stub)
         return stub
 
     async def send(self, kind, tensor, *, step: int, micro_batch: int, attempt: int = 0) -> None:
-        if not self._hit(step, attempt, micro_batch):
+        if not self._hit(kind, step, attempt, micro_batch):
             return await super().send(kind, tensor, step=step, micro_batch=micro_batch, attempt=attempt)
         if self.fault is Fault.FRAME_DROPPED:
             logger.info(f"fault: dropping {kind} of step {step}, micro-batch {micro_batch}")
