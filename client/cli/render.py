@@ -186,7 +186,8 @@ def render_watch(watch: DemoWatch) -> Group:
         role = roles.get(peer)
         table.add_row(record.public_name or short_id(peer), record.site or "", f"{role.stage}·{role.replica}" if role else "—",
                       record.state, str(p.step) if p else "", f"{p.loss:.3f}" if p and p.loss is not None else "",
-                      _held_out_cell(p.held_out_loss, p.held_out_step) if p else "", f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
+                      _held_out_cell(p.held_out_loss, p.held_out_step) if p else "",
+                      f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
                       f"{p.wait_s:.2f}" if p else "")
     return Group(header, table)
 

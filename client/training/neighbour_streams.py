@@ -5,9 +5,8 @@ when the receiver took it, the receiver's reason when it refused it. A receiver 
 held-out ones of an evaluation) only from the previous stage of its pipeline and gradients only from the next, for
 its own assignment version, pipeline and tensor shape, and for the current step or the one after it (a neighbour
 that finished its all-reduce first may already be one step ahead; two steps ahead is impossible in lock-step, so
-anything further is refused). Good
-frames wait in an ``Inbox`` until the worker takes them; a bad one is logged, answered with its reason, and
-the servicer keeps serving.
+anything further is refused). Good frames wait in an ``Inbox`` until the worker takes them; a bad one is logged,
+answered with its reason, and the servicer keeps serving.
 
 Frames are keyed by (kind, step, attempt, micro-batch): a step that failed anywhere is retried under attempt + 1
 (client/training/step_commit.py), and frames of an older attempt than the receiver's are refused. A frame that

@@ -384,10 +384,11 @@ class Trainer:
             if (assignment.version, report.step) > self._published:  # never publish a step twice
                 self._published = (assignment.version, report.step)
                 self._remember_loss(report)
+                self._remember_held_out(report)
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
                     loss=report.loss, recent_losses=[loss for _, loss in self._recent_losses],
-                    **self._held_out_fields(report), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
+                    **self._held_out_fields(), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
                     updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
@@ -419,10 +420,10 @@ class Trainer:
             self._recent_losses.clear()
         self._recent_losses.append((report.step, report.loss))
 
-    def _held_out_fields(self, report: StepReport) -> dict:
-        """The newest held-out loss, kept in every Progress record until the next is measured (or a rollback or
+    def _remember_held_out(self, report: StepReport) -> None:
+        """Keeps the newest held-out loss for every Progress record until the next is measured (or a rollback or
         resume trains its step again). A figure a record cannot hold (non-finite, or beyond MAX_LOSS: activations a
-        neighbour sent can make it so) is logged, not published."""
+        neighbour sent can make it so) is logged, not kept."""
         if self._held_out is not None and report.step <= self._held_out[0]:
             self._held_out = None
         loss = report.held_out_loss
@@ -431,8 +432,11 @@ class Trainer:
                            f"not published")
         elif loss is not None:
             self._held_out = (report.step, loss)
-        return {} if self._held_out is None else {"held_out_step": self._held_out[0],
-                                                  "held_out_loss": self._held_out[1]}
+
+    def _held_out_fields(self) -> dict:
+        if self._held_out is None:
+            return {}
+        return {"held_out_step": self._held_out[0], "held_out_loss": self._held_out[1]}
 
     def _origin_fields(self) -> dict:
         if self.origin is None:
