@@ -41,19 +41,21 @@ step's critical path (`step_terms`). benchmarks/mixed_swarm.py checks the model 
 (benchmarks/RESULTS.md).
 
 Memory: a peer must hold its stage's parameters, gradients and AdamW states (16 bytes per parameter: fp32 weights,
-gradients, two moments) plus the activations of the micro-batches in flight, 34·h + 5·a·s bytes per token per
-layer of a GPT-2 block for 16-bit activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", Sect. 4.1; ModelConfig.activation_bytes_per_token_per_layer counts a Llama block's). GPipe keeps all M micro-batches until the backward pass. 1F1B (Narayanan et al. 2021,
-"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sect. 2.2.1; PipeDream-Flush)
-starts micro-batch m's backward as soon as it can, so stage s holds at most min(D_PP − s, M) of them. Its step
-is GPipe's for equal stages and no longer for unequal ones, so the step time above holds for GPipe and bounds 1F1B
-(tests/test_pipeline_schedule.py plays both). A plan putting a stage on a peer that cannot hold it is
-refused (`NoFeasiblePlan`).
+gradients, two moments) plus what each micro-batch in flight keeps for its backward pass: bytes per token per layer
+as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sect. 4.1) count them,
+recounted for these blocks on the CUDA path (fused attention keeps no scores;
+ModelConfig.activation_bytes_per_token_of), and autocast's bf16 copies of the weights, one per forward pass
+(ModelConfig.micro_batch_bytes_of); tests/test_model.py checks both against what autograd saves. GPipe keeps all M
+micro-batches until the backward pass. 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", Sect. 2.2.1; PipeDream-Flush) starts micro-batch m's backward as soon as it can,
+so stage s holds at most min(D_PP − s, M) of them. Its step is GPipe's for equal stages and no longer for unequal
+ones, so the step time above holds for GPipe and bounds 1F1B (tests/test_pipeline_schedule.py plays both). A plan
+putting a stage on a peer that cannot hold it is refused (`NoFeasiblePlan`).
 
 How a plan runs (`Execution`, carried by the Assignment) changes both: its cut of the layers (a stage of slow
 devices may hold fewer), its pipeline schedule, its micro-batch count M, and recomputation, where each layer keeps
-only its input (h values per token) and rebuilds the rest in the backward pass, one layer of one micro-batch at a
-time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward
+only its fp32 input (4·h bytes per token) and rebuilds the rest in the backward pass, one layer of one micro-batch
+at a time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward
 runs twice).
 `StageCosts` tabulates every stage position and layer count, so that the search (coordinator/live_objective.py)
 prices cuts by indexing.
@@ -187,13 +189,21 @@ class StageCosts:
                              for s in range(d_pp)], dtype=float)
 
         params = table(model.params_of)
-        full = model.activation_bytes_per_token_per_layer
-        held = (tokens / micro_batches * in_flight(schedule, d_pp=d_pp, micro_batches=micro_batches))[:, None]
-        if recompute:  # the layer inputs of the micro-batches in flight, and one layer of one rebuilt at a time
-            kept = held * layers * model.d_model * model.activation_bytes_per_value
-            activations = kept + np.where(layers > 0, tokens / micro_batches * full, 0.0)
-        else:  # every activation of the micro-batches in flight, until their backward pass
-            activations = held * layers * full
+        micro_batch_tokens = tokens / micro_batches
+        held = in_flight(schedule, d_pp=d_pp, micro_batches=micro_batches)[:, None]  # micro-batches, (d_pp, 1)
+        # a stage keeps its fp32 output for the backward call its gradient comes back to (the last, a loss)
+        output = table(lambda count, *, first, last: 0.0 if last else 4.0 * model.d_model)
+        if recompute:  # each micro-batch in flight keeps its layers' inputs, and one layer of one is rebuilt at a time
+            ends = table(lambda count, **where: model.activation_bytes_per_token_of(0, **where))  # embedding, head
+            per_token = layers * model.checkpoint_bytes_per_token_per_layer + ends + output
+            kept = held * (micro_batch_tokens * per_token + table(lambda count, **where: model.micro_batch_bytes_of(
+                0, **where)))
+            rebuilt = (micro_batch_tokens * model.activation_bytes_per_token_per_layer
+                       + model.micro_batch_bytes_of(1, first=False, last=False))
+            activations = kept + np.where(layers > 0, rebuilt, 0.0)
+        else:  # everything the micro-batches in flight keep, until their backward pass
+            activations = held * (micro_batch_tokens * (table(model.activation_bytes_per_token_of) + output)
+                                  + table(model.micro_batch_bytes_of))
         self.memory_bytes = params * OPTIMIZER_BYTES_PER_PARAM + activations  # (d_pp, L + 1)
         """Parameters with optimizer state, plus stored activations (Korthikanti et al. 2022, Sect. 4.1)."""
         self.flops = table(model.flops_per_token_of) * tokens * (_RECOMPUTE_FLOPS if recompute else 1.0)

@@ -116,11 +116,8 @@ class ModelConfig:
     def params_per_layer(self) -> int:
         """`gpt2`: attention 4d²+4d, MLP 8d²+5d, two LayerNorms 4d. `llama`: queries and output 2d², keys and values
         2·d·kv (kv = d·n_kv_heads/n_heads), SwiGLU 3·d·d_ff, two RMSNorms 2d."""
-        d = self.d_model
-        if self.architecture == "llama":
-            kv = d * self.kv_heads // self.n_heads
-            return 2 * d * d + 2 * d * kv + 3 * d * self.ff_width + 2 * d
-        return 12 * d * d + 13 * d
+        norms_and_biases = 2 * self.d_model if self.architecture == "llama" else 13 * self.d_model
+        return self.matrix_params_per_layer + norms_and_biases
 
     @property
     def embedding_params(self) -> int:
@@ -135,17 +132,49 @@ class ModelConfig:
         return norm + self.d_model * self.vocab_size
 
     @property
+    def matrix_params_per_layer(self) -> int:
+        """The weights of a layer's matrix products (`params_per_layer` less biases and norms)."""
+        d = self.d_model
+        if self.architecture == "llama":
+            return 2 * d * d + 2 * d * (d * self.kv_heads // self.n_heads) + 3 * d * self.ff_width
+        return 12 * d * d
+
+    @property
     def activation_bytes_per_token_per_layer(self) -> float:
-        """Bytes one layer keeps for its backward pass per token, with 16-bit activations (Korthikanti et al. 2022,
-        Sect. 4.1). `gpt2`: 34·d + 5·n_heads·T (its dropout masks counted, as that paper does). `llama`, no
-        dropout: the norms' inputs and outputs 8d, queries, attention output and rotated queries 6d, keys and
-        values with their rotated keys 6·kv, the SwiGLU's gate, up, activation and product 8·d_ff, and the
-        attention scores 4·n_heads·T."""
+        """Bytes one layer keeps for its backward pass per token, as autograd saves them on the CUDA path (bf16
+        autocast over fp32 weights; client/training/activation_memory.py measures them, tests/test_model.py checks
+        this count): the fp32 residual stream and norms, bf16 inputs of the matrix products, and of attention only
+        what the fused kernel keeps (queries, keys, values, output, a log-sum-exp per head; no T×T scores).
+        `gpt2`: 36·d + 4·n_heads + 16. `llama`: 30·d + 4·kv + 8·d_ff + 4·n_heads + 8, with kv = d·n_kv_heads/n_heads
+        and the SwiGLU's gate, up, activation and product at 2 bytes. Korthikanti et al. 2022 (Sect. 4.1) count
+        34·d + 5·n_heads·T for a block that stores its scores and dropout masks, which these blocks do not."""
         d = self.d_model
         if self.architecture == "llama":
             kv = d * self.kv_heads // self.n_heads
-            return 14 * d + 6 * kv + 8 * self.ff_width + 4 * self.n_heads * self.seq_len
-        return 34 * d + 5 * self.n_heads * self.seq_len
+            return 30 * d + 4 * kv + 8 * self.ff_width + 4 * self.n_heads + 8
+        return 36 * d + 4 * self.n_heads + 16
+
+    @property
+    def checkpoint_bytes_per_token_per_layer(self) -> float:
+        """What a layer keeps per token when it recomputes its activations: its fp32 input."""
+        return 4 * self.d_model
+
+    def activation_bytes_per_token_of(self, layers: int, *, first: bool, last: bool) -> float:
+        """Bytes per token a micro-batch keeps until its backward pass on a stage of `layers` layers: theirs, the
+        token ids the embedding keeps (8 bytes), and on the last stage the final norm's, the head's bf16 input and
+        the loss's fp32 log-probabilities (4·V; `gpt2` 4·V + 6·d + 16, `llama` 4·V + 10·d + 12)."""
+        head = 4 * self.vocab_size + (6 * self.d_model + 16 if self.architecture == "gpt2" else 10 * self.d_model + 12)
+        return layers * self.activation_bytes_per_token_per_layer + 8 * first + head * last
+
+    def micro_batch_bytes_of(self, layers: int, *, first: bool, last: bool) -> float:
+        """Bytes a micro-batch keeps until its backward pass whatever its size: the bf16 copy autocast makes of every
+        weight matrix its forward multiplies by (one per forward pass), and its position tables (`gpt2`'s int64
+        positions on the first stage, `llama`'s fp32 rotary cosines and sines where the stage runs layers), and
+        on the last stage the loss's fp32 normaliser."""
+        copies = 2 * (layers * self.matrix_params_per_layer + self.d_model * self.vocab_size * last) + 4 * last
+        if self.architecture == "llama":
+            return copies + 8 * self.seq_len * (self.d_model // self.n_heads) * (layers > 0)
+        return copies + 8 * self.seq_len * first
 
     @property
     def total_params(self) -> int:

@@ -3,7 +3,7 @@
  * The scheduler (hetswarm.coordinator and its pure modules) imports without hivemind, torch or pydantic, so a
    researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm schedule` runs
    without hivemind or torch, checked by running it in one; the CLI and the training runtime load transformers
-   only for a Hugging Face model.
+   only for a Hugging Face model; a stage's compute imports without hivemind or pydantic.
  * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
    client/cli imports the CLI; client/training reaches, of hetswarm, only protocol, client.peer and itself:
    checked statically, from every import statement in the source files (also those inside functions).
@@ -93,6 +93,14 @@ def test_hetswarm_schedule_runs_without_hivemind_or_torch():
                                                 "--no-baselines"])
     planned = json.loads(output)
     assert planned["d_dp"] * planned["d_pp"] == 64 and planned["cost"] > 0, planned
+
+
+@pytest.mark.swarm
+def test_a_stages_compute_imports_without_hivemind_or_pydantic():
+    """A GPU machine with torch and transformers alone runs a stage as the swarm does (benchmarks/gpu_stage.py)."""
+    _probe(["hivemind", "pydantic"], ["hetswarm.client.training.model", "hetswarm.client.training.llama",
+                                      "hetswarm.client.training.pipeline_schedule", "hetswarm.client.training.reference",
+                                      "hetswarm.client.training.activation_memory"])
 
 
 @pytest.mark.swarm

@@ -146,20 +146,31 @@ def test_equal_stages_have_the_textbook_bubble_fraction():
     assert live.bubble_s == pytest.approx((stage_s.sum() - stage_s.max()) / 8)
 
 
+# What a micro-batch of MODEL keeps (d 4, 1 head, T 4, V 8): a layer 36·4 + 4·1 + 16 = 164 B per token; stage 0 adds
+# the 8-byte token ids and its fp32 output (4·4 B), stage 1 the head's 4·8 + 6·4 + 16 = 72 B; whatever its size,
+# autocast's bf16 copy of the layer's 12·4² weights (384 B), and stage 0's int64 positions (8·4 B), stage 1's head
+# matrix (2·4·8 B) and loss (4 B).
+STAGE_0_TOKEN, STAGE_0_MICRO_BATCH = 164 + 8 + 16, 384 + 32
+STAGE_1_TOKEN, STAGE_1_MICRO_BATCH = 164 + 72, 384 + 64 + 4
+
+
 def test_memory_counts_optimizer_state_and_stored_activations():
-    # stage 0: 292 params · 16 B + 1 layer · 4 tokens · (34·4 + 5·1·4) B = 4672 + 624
-    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2) == [5296, 284 * 16 + 624]
+    # 292 and 284 params · 16 B, and 2 micro-batches of 2 tokens in flight on each stage under GPipe
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2) == [
+        292 * 16 + 2 * (2 * STAGE_0_TOKEN + STAGE_0_MICRO_BATCH), 284 * 16 + 2 * (2 * STAGE_1_TOKEN + STAGE_1_MICRO_BATCH)]
 
 
 def test_1f1b_holds_only_the_micro_batches_in_flight():
     # 4 micro-batches of 1 token: GPipe holds all 4 on both stages; 1F1B min(2 − s, 4), so 2 on stage 0, 1 on 1
+    stage_0, stage_1 = STAGE_0_TOKEN + STAGE_0_MICRO_BATCH, STAGE_1_TOKEN + STAGE_1_MICRO_BATCH
     gpipe, one_f_one_b = (Execution.even(MODEL, 2, micro_batches=4, schedule=schedule) for schedule in ("gpipe", "1f1b"))
-    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=gpipe) == [4672 + 624, 284 * 16 + 624]
-    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=one_f_one_b) == [4672 + 2 * 156, 284 * 16 + 156]
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=gpipe) == [292 * 16 + 4 * stage_0, 284 * 16 + 4 * stage_1]
+    assert stage_memory_bytes(MODEL, d_pp=2, d_dp=2, execution=one_f_one_b) == [292 * 16 + 2 * stage_0,
+                                                                                 284 * 16 + stage_1]
 
 
 def test_a_stage_on_a_device_too_small_for_it_is_refused():
     memory = ROOMY_GIB.copy()
-    memory[3] = 5000 / 2**30  # below stage 1's 5168 bytes
+    memory[3] = 5000 / 2**30  # below stage 1's 6392 bytes
     with pytest.raises(NoFeasiblePlan, match="stage 1 needs"):
         predict_step_s(plan_on_uniform_network(), MODEL, tflops=TFLOPS, memory_gib=memory)

@@ -1,9 +1,11 @@
-"""The torch model: parameter counts the cost model prices, and a deterministic init that any stage split shares."""
+"""The torch model: parameter counts and activation bytes the cost model prices, and a deterministic init that any
+stage split shares."""
 import pytest
 import torch
 
+from hetswarm.client.training.activation_memory import saved_for_backward
 from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
-from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.model_config import ModelConfig, get_model_config
 
 TINY = get_model_config("tiny")
 
@@ -22,6 +24,34 @@ def test_parameter_counts_match_the_cost_model(name, d_pp):
     assert counts == config.stage_params(d_pp)
     assert sum(counts) == config.total_params
 
+
+
+ACTIVATION_MODELS = [
+    ModelConfig(name="gpt2-wide", n_layers=6, d_model=64, n_heads=4, seq_len=32, vocab_size=100, batch_tokens=64),
+    ModelConfig(name="gpt2-long", n_layers=6, d_model=32, n_heads=2, seq_len=64, vocab_size=300, batch_tokens=128),
+    ModelConfig(name="llama-gqa", architecture="llama", n_layers=6, d_model=64, n_heads=4, n_kv_heads=2, d_ff=176,
+                seq_len=32, vocab_size=100, batch_tokens=64),
+    ModelConfig(name="llama-mha", architecture="llama", n_layers=6, d_model=32, n_heads=2, d_ff=96, seq_len=64,
+                vocab_size=300, batch_tokens=128),
+]
+
+
+@pytest.mark.parametrize("config", ACTIVATION_MODELS, ids=lambda config: config.name)
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
+def test_activation_bytes_are_what_autograd_saves_under_bf16_autocast(config, stage, recompute):
+    """The cost model's memory per micro-batch in flight (coordinator/live_cost.py) is what a stage's forward keeps,
+    byte for byte, as the CUDA path runs it; recomputing layers keep only their fp32 inputs."""
+    module = build_stage(config, stage, 3, seed=0, recompute=recompute)
+    layers, where = 2, {"first": stage == 0, "last": stage == 2}
+    saved = saved_for_backward(module, autocast=True)
+    if recompute:
+        assert saved.per_token == (layers * config.checkpoint_bytes_per_token_per_layer
+                                   + config.activation_bytes_per_token_of(0, **where))
+        assert saved.per_micro_batch == config.micro_batch_bytes_of(0, **where)
+    else:
+        assert saved.per_token == config.activation_bytes_per_token_of(layers, **where)
+        assert saved.per_micro_batch == config.micro_batch_bytes_of(layers, **where)
 
 def test_same_seed_gives_identical_replicas_and_another_seed_does_not():
     first, second = build_stage(TINY, 1, 2, seed=7), build_stage(TINY, 1, 2, seed=7)

@@ -1,5 +1,7 @@
 """The pipeline runtime: one stage of a plan, trained over direct peer streams. Of ours it imports only
-hetswarm.protocol and hetswarm.client.peer.
+hetswarm.protocol and hetswarm.client.peer. The package imports none of its modules: a stage's compute (model,
+llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a GPU machine with torch alone
+(benchmarks/gpu_stage.py).
 
  * model.py             - stages of GPT-2 (nanoGPT-style) or Llama blocks and their loss, for a layer range, seeded
  * llama.py             - Llama parts from transformers' modules, and their Hugging Face names
@@ -26,21 +28,3 @@ hetswarm.protocol and hetswarm.client.peer.
  * trainer.py           - follows assignments: (re)starts the stage worker from the right state, publishes
                           progress, keeps the states it hands off and checkpoints
 """
-from hetswarm.client.training.errors import (
-    CommitUnknown,
-    FrameRefused,
-    NeighbourSilent,
-    PartialAllReduce,
-    StageError,
-    StepAborted,
-)
-from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
-from hetswarm.client.training.reference import reference_step
-from hetswarm.client.training.stage_worker import StageConfig, StageWorker, start_stage
-from hetswarm.client.training.trainer import Trainer, TrainerConfig, TrainingSetup
-
-__all__ = [
-    "CommitUnknown", "FrameRefused", "NeighbourSilent", "PartialAllReduce", "StageConfig", "StageError", "StageModule",
-    "StageWorker", "StepAborted", "Trainer", "TrainerConfig", "TrainingSetup", "build_full_model", "build_stage", "loss",
-    "reference_step", "start_stage",
-]
