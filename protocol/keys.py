@@ -56,6 +56,11 @@ def commit_namespace(swarm: str, version: int) -> str:
     return f"{stage_namespace(swarm)}_commit_v{version}"
 
 
+def tied_namespace(swarm: str) -> str:
+    """Handlers of the all-reduce that keeps the first and last stages' copies of a tied embedding matrix equal."""
+    return f"{check_swarm_name(swarm)}_tied_allreduce"
+
+
 def replica_namespace(swarm: str, stage: int) -> str:
     """Handlers that compare and copy one stage's replica state."""
     return f"{allreduce_namespace(swarm, stage)}_replicas"

@@ -34,7 +34,7 @@ class ModelConfig:
 
     `architecture` picks the block: `gpt2` (nanoGPT's: LayerNorm, learned positions, GELU MLP of 4d, biases) or
     `llama` (RMSNorm, rotary positions, SwiGLU MLP of `d_ff`, grouped-query attention with `n_kv_heads`, no biases;
-    transformers' LlamaDecoderLayer). Embeddings and the output head are untied in both.
+    transformers' LlamaDecoderLayer). `tie_embeddings` makes the output head's matrix the token embedding's.
     """
 
     name: str
@@ -49,6 +49,10 @@ class ModelConfig:
     """Key and value heads of grouped-query attention (`llama`); None: one per query head."""
     d_ff: int | None = None
     """Width of the MLP's hidden layer (`llama`'s SwiGLU); None: 4·d_model. `gpt2` blocks are always 4·d_model."""
+    tie_embeddings: bool = False
+    """The output projection is the token embedding matrix (transformers' tie_word_embeddings). Split into
+    stages, the first and the last stage each hold a copy and sum their gradients every step
+    (client/training/stage_worker.py), so both count it."""
     rope_theta: float = 10_000.0
     """Base of the rotary position frequencies (`llama`)."""
     norm_eps: float = 1e-5
@@ -97,6 +101,8 @@ class ModelConfig:
         if not (0 < self.norm_eps < 1 and 1 < self.rope_theta < 1e9):
             raise ConfigError(f"model {self.name!r}: need 0 < norm_eps < 1 and 1 < rope_theta < 1e9, got "
                               f"{self.norm_eps} and {self.rope_theta}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r} in {self.name!r}")
         if self.data_period is not None and self.data_period < 1:
             raise ConfigError(f"data_period must be positive or None, got {self.data_period} in model {self.name!r}")
         if self.payload_accounting not in ("exact", "dtfm-reference"):
@@ -127,7 +133,8 @@ class ModelConfig:
 
     @property
     def head_params(self) -> int:
-        """Final norm (LayerNorm 2d, RMSNorm d) and the untied output projection, held by the last stage."""
+        """Final norm (LayerNorm 2d, RMSNorm d) and the output projection (d·V: its own, or with
+        `tie_embeddings` a copy of the embedding's), held by the last stage."""
         norm = 2 * self.d_model if self.architecture == "gpt2" else self.d_model
         return norm + self.d_model * self.vocab_size
 
@@ -145,9 +152,10 @@ class ModelConfig:
         autocast over fp32 weights; client/training/activation_memory.py measures them, tests/test_model.py checks
         this count): the fp32 residual stream and norms, bf16 inputs of the matrix products, and of attention only
         what the fused kernel keeps (queries, keys, values, output, a log-sum-exp per head; no T×T scores).
-        `gpt2`: 36·d + 4·n_heads + 16. `llama`: 30·d + 4·kv + 8·d_ff + 4·n_heads + 8, with kv = d·n_kv_heads/n_heads
-        and the SwiGLU's gate, up, activation and product at 2 bytes. Korthikanti et al. 2022 (Sect. 4.1) count
-        34·d + 5·n_heads·T for a block that stores its scores and dropout masks, which these blocks do not."""
+        `gpt2`: 36·d + 4·n_heads + 16. `llama`: 30·d + 4·kv + 8·d_ff + 4·n_heads + 8, with
+        kv = d·n_kv_heads/n_heads and the SwiGLU's gate, up, activation and product at 2 bytes. Korthikanti et al.
+        2022 (Sect. 4.1) count 34·d + 5·n_heads·T for a block that stores its scores and dropout masks, which these
+        blocks do not."""
         d = self.d_model
         if self.architecture == "llama":
             kv = d * self.kv_heads // self.n_heads
@@ -178,7 +186,7 @@ class ModelConfig:
 
     @property
     def total_params(self) -> int:
-        return self.embedding_params + self.n_layers * self.params_per_layer + self.head_params
+        return self.params_of(self.n_layers, first=True, last=True)
 
     def stage_layers(self, d_pp: int) -> list[tuple[int, int]]:
         """Layer range [a, b) of every stage: as even as possible, earlier stages take the remainder."""
@@ -198,8 +206,10 @@ class ModelConfig:
                 for s, (a, b) in enumerate(self.stage_layers(d_pp))]
 
     def params_of(self, layers: int, *, first: bool, last: bool) -> int:
-        """Parameters of a stage of `layers` layers, with the embedding if it is the first, the head if the last."""
-        return layers * self.params_per_layer + self.embedding_params * first + self.head_params * last
+        """Parameters of a stage of `layers` layers, with the embedding if it is the first, the head if the last
+        (a stage that is both holds a tied matrix once)."""
+        shared = self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
+        return layers * self.params_per_layer + self.embedding_params * first + self.head_params * last - shared
 
     def flops_per_token_of(self, layers: int, *, first: bool, last: bool) -> float:
         """Forward+backward FLOPs per token of such a stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""

@@ -155,7 +155,7 @@ class Assignment(_Record):
     coordinator_id: _PeerIdStr
     version: _Version
     """Monotonic: a client never goes back to an older plan."""
-    model: dict[StrictStr, StrictInt | confloat(strict=True, allow_inf_nan=False) | StrictStr | None]
+    model: dict[StrictStr, StrictBool | StrictInt | confloat(strict=True, allow_inf_nan=False) | StrictStr | None]
     """ModelConfig fields (hetswarm.protocol.model_config)."""
     d_pp: conint(strict=True, ge=1, le=MAX_PEERS_PER_ASSIGNMENT)
     d_dp: conint(strict=True, ge=1, le=MAX_PEERS_PER_ASSIGNMENT)

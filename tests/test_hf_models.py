@@ -26,7 +26,7 @@ from hetswarm.client.training.hf_folder import (
     sample,
     weights_digest,
 )
-from hetswarm.client.training.model import StageModule, build_stage, loss
+from hetswarm.client.training.model import EMBEDDING_MATRIX, HEAD_MATRIX, StageModule, build_stage, loss
 from hetswarm.client.training.stage_state import StageState
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.model_config import ModelConfig
@@ -34,15 +34,22 @@ from tests.helpers.golden_runs import LR3_CONFIG, TINY_RUN
 from tests.helpers.stage_chain import chain, greedy
 from tests.helpers.tiny_training import D_DP, D_PP, SEED, assert_first_step_is_the_reference, train_swarm
 
-MODELS = {
-    "llama": lambda: LlamaForCausalLM(LlamaConfig(
+
+def _llama(tied: bool) -> LlamaForCausalLM:
+    return LlamaForCausalLM(LlamaConfig(
         vocab_size=97, hidden_size=32, intermediate_size=72, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=16, rope_theta=5000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=False)),
-    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(
-        vocab_size=97, n_positions=16, n_embd=32, n_layer=4, n_head=4, activation_function="gelu",
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)),
-}
+        tie_word_embeddings=tied))
+
+
+def _gpt2(tied: bool) -> GPT2LMHeadModel:
+    return GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=16, n_embd=32, n_layer=4, n_head=4,
+                                      activation_function="gelu", tie_word_embeddings=tied, bos_token_id=None,
+                                      eos_token_id=None))
+
+
+MODELS = {"llama": (_llama, False), "llama-tied": (_llama, True), "gpt2": (_gpt2, False), "gpt2-tied": (_gpt2, True)}
+"""Each with its own output head, and with the head tied to the token embedding (one matrix, saved once)."""
 LAYOUTS = {"llama": llama, "gpt2": gpt2_hf}
 CUTS = {"2 stages": [(0, 2), (2, 4)], "3 stages": [(0, 1), (1, 3), (3, 4)]}
 TINY_LLAMA = ModelConfig(name="tiny-llama", architecture="llama", n_layers=4, d_model=32, n_heads=4, n_kv_heads=2,
@@ -53,7 +60,8 @@ MLP_WEIGHT = {"llama": "model.layers.2.mlp.up_proj.weight", "gpt2": "transformer
 @pytest.fixture(scope="module", params=MODELS)
 def saved(request, tmp_path_factory) -> tuple[torch.nn.Module, Path]:
     torch.manual_seed(0)
-    model = MODELS[request.param]().eval()
+    make, tied = MODELS[request.param]
+    model = make(tied).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name or "ln_" in name:
@@ -117,12 +125,14 @@ def test_stages_loaded_from_the_folder_give_transformers_logits_loss_and_gradien
     expected.loss.backward()
     torch.testing.assert_close(logits, expected.logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(ours, expected.loss, rtol=0, atol=1e-5)
-    hf_parameters = dict(model.named_parameters())
-    for stage in stages:
-        for name, parameter in stage.named_parameters():
-            grad = hf_parameters[layout.to_hf_name(name)].grad
-            torch.testing.assert_close(parameter.grad, grad.t() if layout.is_transposed(name) else grad,
-                                       rtol=0, atol=1e-5, msg=name)
+    hf_parameters = dict(model.named_parameters(remove_duplicate=False))
+    grads = {name: parameter.grad for stage in stages for name, parameter in stage.named_parameters()}
+    if config.tie_embeddings:  # the first and last stages' copies: the swarm sums them (tied_embeddings.py)
+        grads[EMBEDDING_MATRIX] = grads[HEAD_MATRIX] = grads[EMBEDDING_MATRIX] + grads[HEAD_MATRIX]
+    for name, grad in grads.items():
+        expected_grad = hf_parameters[layout.to_hf_name(name)].grad
+        torch.testing.assert_close(grad, expected_grad.t() if layout.is_transposed(name) else expected_grad,
+                                   rtol=0, atol=1e-5, msg=name)
 
 
 def test_an_export_of_every_stage_loads_in_transformers_and_gives_the_same_logits(saved, tmp_path):
@@ -134,9 +144,10 @@ def test_an_export_of_every_stage_loads_in_transformers_and_gives_the_same_logit
     tokens = _tokens(config)
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=tokens).logits, chain(stages, tokens), rtol=0, atol=1e-5)
-    prompt = "!#%&("  # bytes below the tiny vocabulary: a byte-level model's text
-    expected = bytes(greedy(stages, list(prompt.encode()), 8)).decode()
-    assert len(set(expected)) > 2 and sample(out, prompt, max_new_tokens=8, temperature=0) == expected
+    if not config.tie_embeddings:  # a random tied model repeats its last token: its text would show nothing
+        prompt = "!#%&("  # bytes below the tiny vocabulary: a byte-level model's text
+        expected = bytes(greedy(stages, list(prompt.encode()), 8)).decode()
+        assert len(set(expected)) > 2 and sample(out, prompt, max_new_tokens=8, temperature=0) == expected
     with pytest.raises(ConfigError, match="exists"):
         export_folder(config, tensors, out)
     with pytest.raises(ConfigError, match="tensors missing"):
@@ -270,12 +281,12 @@ def test_the_export_of_what_a_gpt2_swarm_trained_gives_its_logits_and_its_text_i
     assert result.output.startswith(prompt + expected), result.output
 
 
-def _saved_llama(folder: Path, seed: int) -> Path:
+def _saved_llama(folder: Path, seed: int, *, tied: bool = False) -> Path:
     """A byte-level tiny LlamaForCausalLM, saved; `seed` draws its weights."""
     torch.manual_seed(seed)
     LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=72, num_hidden_layers=4,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                 tie_word_embeddings=False)).save_pretrained(folder)
+                                 tie_word_embeddings=tied)).save_pretrained(folder)
     return folder
 
 
@@ -303,12 +314,14 @@ def test_the_plan_names_the_initial_weights_and_a_peer_with_other_weights_refuse
 
 @pytest.mark.swarm
 @pytest.mark.timeout(300)
-def test_a_2x2_swarm_fine_tunes_a_saved_llama_as_one_process_does_and_its_export_gives_its_logits(tmp_path):
-    """Four processes start from a byte-level tiny Llama's folder (each peer its stage's tensors) and train it 20
-    steps: the first step is the single-process one from the same weights, the loss falls, and transformers
-    computes from the export what the swarm's stages compute."""
-    folder = _saved_llama(tmp_path / "pretrained", seed=3)
+def test_a_2x2_swarm_fine_tunes_a_saved_tied_llama_as_one_process_does_and_its_export_gives_its_logits(tmp_path):
+    """Four processes start from a byte-level tiny Llama's folder (each peer its stage's tensors), whose output head
+    is its token embedding, and train it 20 steps: the first step is the single-process one from the same weights
+    (the tied matrix's gradient summed over both its copies), the copies on the first and last stages stay equal,
+    the loss falls, and transformers computes from the export what the swarm's stages compute."""
+    folder = _saved_llama(tmp_path / "pretrained", seed=3, tied=True)
     model = replace(starting_from(load_model(str(folder)), folder), batch_tokens=8 * 32, micro_batches=2)
+    assert model.tie_embeddings
     steps = 20
     results = train_swarm(tmp_path, swarm="llama", steps=steps, model=model, seed=SEED, config=LR3_CONFIG,
                           save_first_grads=True, save_final_state=True, model_dir=folder, timeout_s=240)
@@ -317,4 +330,5 @@ def test_a_2x2_swarm_fine_tunes_a_saved_llama_as_one_process_does_and_its_export
               for step in range(steps)]
     assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
     trained = _pipeline_0(results, lambda result: result["final_state"])
+    assert torch.equal(trained[EMBEDDING_MATRIX], trained[HEAD_MATRIX])
     _exported_logits_equal_the_swarm_s(model, trained, tmp_path / "llama")

@@ -1,5 +1,7 @@
 """The torch model: parameter counts and activation bytes the cost model prices, and a deterministic init that any
 stage split shares."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -52,6 +54,24 @@ def test_activation_bytes_are_what_autograd_saves_under_bf16_autocast(config, st
     else:
         assert saved.per_token == config.activation_bytes_per_token_of(layers, **where)
         assert saved.per_micro_batch == config.micro_batch_bytes_of(layers, **where)
+
+
+@pytest.mark.parametrize("config", [replace(model, tie_embeddings=True) for model in (TINY, ACTIVATION_MODELS[2])],
+                         ids=["gpt2", "llama"])
+def test_tied_embeddings_are_one_matrix_whole_and_equal_copies_when_cut(config):
+    """The whole model (on any device or dtype) holds the matrix once under both names; cut into stages, the last
+    stage's head starts as a copy of the first stage's embedding; the counts are the cost model's."""
+    for dtype in (torch.float32, torch.float64):
+        whole = build_full_model(config, seed=3, dtype=dtype)
+        assert whole.head.out.weight is whole.embed.tok.weight
+        assert sum(p.numel() for p in whole.parameters()) == config.total_params
+    untied = replace(config, tie_embeddings=False)
+    assert config.total_params == untied.total_params - config.d_model * config.vocab_size
+    stages = [build_stage(config, s, 3, seed=3) for s in range(3)]
+    assert torch.equal(stages[2].head.out.weight, stages[0].embed.tok.weight)
+    assert torch.equal(stages[0].embed.tok.weight, build_full_model(config, seed=3).embed.tok.weight)
+    assert [sum(p.numel() for p in stage.parameters()) for stage in stages] == config.stage_params(3)
+
 
 def test_same_seed_gives_identical_replicas_and_another_seed_does_not():
     first, second = build_stage(TINY, 1, 2, seed=7), build_stage(TINY, 1, 2, seed=7)

@@ -3,6 +3,7 @@ cut, and its byte form is deterministic and refuses what is not one."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -60,19 +61,28 @@ def test_a_captured_state_carries_training_on_exactly():
         assert torch.equal(a, b), name
 
 
-def test_a_state_re_cut_for_other_stages_fits_them():
-    whole = build_full_model(TINY, seed=0)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_state_re_cut_for_other_stages_fits_them(tied):
+    model = replace(TINY, tie_embeddings=tied)
+    whole = build_full_model(model, seed=0)
     state = StageState.capture(whole, trained(whole), step=3)
-    first, last = build_stage(TINY, 0, 2, seed=1), build_stage(TINY, 1, 2, seed=1)
+    first, last = build_stage(model, 0, 2, seed=1), build_stage(model, 1, 2, seed=1)
+    halves = []
     for stage in (first, last):
         optimizer = CONFIG.build_optimizer(stage.parameters())
         state.select(units_of_layers(stage.layers, TINY.n_layers)).apply(stage, optimizer)
         for name, param in stage.named_parameters():
-            assert torch.equal(param, dict(whole.named_parameters())[name]), name
+            assert torch.equal(param, dict(whole.named_parameters(remove_duplicate=False))[name]), name
             assert torch.equal(optimizer.state[param]["exp_avg"], state.tensors[f"{name}:exp_avg"]), name
-    halves = [StageState.capture(stage, CONFIG.build_optimizer(stage.parameters()), step=3) for stage in (first, last)]
+        halves.append(StageState.capture(stage, optimizer, step=3))
+    # a tied matrix travels under both its names: the last stage's copy is the whole model's one matrix
+    assert torch.equal(last.head.out.weight, whole.embed.tok.weight) == tied
     merged = halves[0].merge(halves[1])
     assert merged.units == sorted(units_of_layers((0, TINY.n_layers), TINY.n_layers))
+    assert sorted(merged.tensors) == sorted(state.tensors)
+    back = build_full_model(model, seed=2)  # and a cut state makes the whole model again
+    merged.apply(back, CONFIG.build_optimizer(back.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), whole.parameters()))
 
 
 def test_a_partial_state_leaves_the_other_units_as_they_are():

@@ -3,7 +3,8 @@
 Our blocks are nanoGPT's, which are GPT-2's (karpathy/nanoGPT, model.py, ``GPT.from_pretrained``): the same
 tensors under other names, except that GPT-2's ``Conv1D`` layers store their weights transposed (in × out) where
 ``nn.Linear`` stores out × in. The MLP's GELU is the exact one (``activation_function="gelu"``), not the tanh
-approximation OpenAI's GPT-2 checkpoints use, and the output head is untied.
+approximation OpenAI's GPT-2 checkpoints use; their output head is tied to the token embedding (a folder says
+whether: tie_word_embeddings, true unless given).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ _CONV1D = re.compile(r"blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.we
 def hf_config(config: ModelConfig) -> GPT2Config:
     return GPT2Config(
         vocab_size=config.vocab_size, n_positions=config.seq_len, n_embd=config.d_model, n_layer=config.n_layers,
-        n_head=config.n_heads, activation_function="gelu", layer_norm_epsilon=1e-5, tie_word_embeddings=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
+        n_head=config.n_heads, activation_function="gelu", layer_norm_epsilon=1e-5,
+        tie_word_embeddings=config.tie_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=None, eos_token_id=None,
     )
 
 
@@ -40,7 +42,8 @@ def model_config(hf: dict[str, Any], *, name: str, seq_len: int | None, batch_to
                           f"{hf.get('n_inner')}: hetswarm's GPT-2 block has the exact GELU and a 4·d MLP")
     seq_len = seq_len or hf["n_positions"]
     return ModelConfig(name=name, n_layers=hf["n_layer"], d_model=hf["n_embd"], n_heads=hf["n_head"],
-                       vocab_size=hf["vocab_size"], seq_len=seq_len, batch_tokens=batch_tokens or 8 * seq_len)
+                       vocab_size=hf["vocab_size"], seq_len=seq_len, batch_tokens=batch_tokens or 8 * seq_len,
+                       tie_embeddings=bool(hf.get("tie_word_embeddings", True)))  # GPT-2's own are tied
 
 
 def to_hf_name(name: str) -> str:

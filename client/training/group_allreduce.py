@@ -248,8 +248,11 @@ class ExactAllReduceRunner(AllReduceRunner):
     """
 
     def __init__(self, *args, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-                 feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0), **kwargs) -> None:
+                 feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0),
+                 part_norm_ratio: float | None = MAX_PART_NORM_RATIO, **kwargs) -> None:
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
+        self.part_norm_ratio = part_norm_ratio
+        """The bound on a sender's part norm against this member's (class docstring); None: no bound."""
         self.wire_compression = allreduce_compression(codec)
         self.sent: dict[int, runtime_pb2.Tensor] = {}
         """Each average of this reducer's parts as sent."""
@@ -270,7 +273,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         if not hasattr(self, "_local_norms"):
             self._local_norms = [float(part.norm()) for part in self.parts_for_local_averaging]
             self._mean_norm = sum(self._local_norms) / max(len(self._local_norms), 1)
-        return MAX_PART_NORM_RATIO * max(self._local_norms[part_index], self._mean_norm, 1e-12)
+        return self.part_norm_ratio * max(self._local_norms[part_index], self._mean_norm, 1e-12)
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
@@ -289,8 +292,10 @@ class ExactAllReduceRunner(AllReduceRunner):
     def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
         if not torch.isfinite(part).all():
             return "NaN or infinite values"
-        if part_index < len(self.parts_for_local_averaging) and float(part.norm()) > self._part_bound(part_index):
-            return f"a norm of {float(part.norm()):.3g}, over {MAX_PART_NORM_RATIO:g}× this member's own"
+        if self.part_norm_ratio is None or part_index >= len(self.parts_for_local_averaging):
+            return None
+        if float(part.norm()) > self._part_bound(part_index):
+            return f"a norm of {float(part.norm()):.3g}, over {self.part_norm_ratio:g}× this member's own"
         return None
 
     async def _communicate_with_peer(self, peer_id: PeerID):
@@ -378,6 +383,7 @@ class StageGroup:
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
         reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
+        part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
     ) -> None:
         """
         Args:
@@ -388,6 +394,8 @@ class StageGroup:
                 spread between the members' backward passes. Must be below ``reducer_timeout_s``.
             aggregation: how a reducer combines the members' versions of a part (ExactAllReduceRunner).
             codec: how parts travel (protocol/wire_format.py); a lossy one carries error feedback across steps.
+            part_norm_ratio: how much larger than this member's own a sender's part may be (ExactAllReduceRunner);
+                None for a group whose members hold different gradients by design (tied_embeddings.py).
         """
         if p2p.peer_id not in members:
             raise ValueError(f"{p2p.peer_id} is not among the group members {list(map(str, members))}")
@@ -395,7 +403,7 @@ class StageGroup:
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
         self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
-        self.codec = codec
+        self.codec, self.part_norm_ratio = codec, part_norm_ratio
         self.feedback = ErrorFeedback() if codec != "fp32" else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
@@ -433,6 +441,7 @@ class StageGroup:
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
             codec=self.codec, feedback=self.feedback, feedback_round=(step, attempt),
+            part_norm_ratio=self.part_norm_ratio,
             compression=(allreduce_compression(self.codec) if self.feedback is None
                          else _RecordingCompression(allreduce_compression(self.codec), sent_errors)),
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from transformers.utils import logging as transformers_logging
 
 from hetswarm.client.training import gpt2_hf, llama
-from hetswarm.client.training.model import StageModule
+from hetswarm.client.training.model import EMBEDDING_MATRIX, HEAD_MATRIX, StageModule
 from hetswarm.client.training.prepared_data import TOKENIZER, PreparedData, files_key, hash_file
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.model_config import ModelConfig
@@ -37,7 +37,7 @@ _SINGLE = "model.safetensors"
 MAX_SHARD_BYTES = 5 * 10**9
 """transformers' default shard size: a larger model is exported in shards of at most this."""
 _SHAPE_FIELDS = ("architecture", "n_layers", "d_model", "n_heads", "kv_heads", "ff_width", "vocab_size", "rope_theta",
-                 "norm_eps")
+                 "norm_eps", "tie_embeddings")
 """What a folder's weights must agree with in a model config (the sequence length and the batch are training's)."""
 _digests: dict[tuple, str] = {}
 """weights_digest's answers, by the files' paths, sizes and modification times: a folder is hashed once."""
@@ -121,19 +121,20 @@ def _shards(folder: Path) -> dict[str, Path]:
 def load_stage_tensors(folder: Path, module: StageModule) -> None:
     """Copies the folder's tensors of this stage into ``module``: each by key from its shard, nothing else read.
     A missing tensor or one of another shape is a one-line ConfigError naming it."""
-    folder, layout = Path(folder), _LAYOUTS[module.config.architecture]
+    folder, config = Path(folder), module.config
     shards = _shards(folder)
     state = module.state_dict()
     by_file: dict[Path, list[str]] = {}
     for name in state:
-        if (hf_name := layout.to_hf_name(name)) not in shards:
+        if (hf_name := _stored_name(config, name)) not in shards:
             raise ConfigError(f"{folder} has no tensor {hf_name!r}, which this stage holds")
         by_file.setdefault(shards[hf_name], []).append(name)
+    layout = _LAYOUTS[config.architecture]
     with torch.no_grad():
         for file, names in by_file.items():
             with safe_open(file, framework="pt") as f:
                 for name in names:
-                    hf_name = layout.to_hf_name(name)
+                    hf_name = _stored_name(config, name)
                     tensor = f.get_tensor(hf_name)
                     tensor = tensor.t() if layout.is_transposed(name) else tensor
                     if tensor.shape != state[name].shape:
@@ -151,7 +152,7 @@ def export_folder(config: ModelConfig, tensors: Mapping[str, torch.Tensor], out:
     out, layout = Path(out), _LAYOUTS[config.architecture]
     if out.exists():
         raise ConfigError(f"{out} exists; export to a new folder")
-    names = _all_names(config)
+    names = [name for name in _all_names(config) if not (config.tie_embeddings and name == HEAD_MATRIX)]
     if missing := sorted(set(names) - set(tensors)):
         raise ConfigError(f"cannot export {config.name!r}: {len(missing)} tensors missing, first {missing[0]!r}")
     partial = out.with_name(f".{out.name}.partial")
@@ -201,6 +202,12 @@ def sample(folder: Path, prompt: str, *, max_new_tokens: int = 64, temperature: 
     new = out[0, len(ids):].tolist()
     return tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None \
         else bytes(token for token in new if token < 256).decode("utf-8", errors="replace")
+
+
+def _stored_name(config: ModelConfig, name: str) -> str:
+    """The checkpoint's name of our tensor `name`: a tied head's matrix is stored once, as the embedding."""
+    shared = config.tie_embeddings and name == HEAD_MATRIX
+    return _LAYOUTS[config.architecture].to_hf_name(EMBEDDING_MATRIX if shared else name)
 
 
 def _as_stored(tensor: torch.Tensor, transposed: bool) -> torch.Tensor:

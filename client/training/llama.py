@@ -33,16 +33,15 @@ def hf_config(config: ModelConfig) -> LlamaConfig:
         vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.ff_width,
         num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads, num_key_value_heads=config.kv_heads,
         max_position_embeddings=config.seq_len, rms_norm_eps=config.norm_eps, rope_theta=config.rope_theta,
-        hidden_act="silu", attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+        hidden_act="silu", attention_bias=False, mlp_bias=False, tie_word_embeddings=config.tie_embeddings,
         attn_implementation="sdpa",  # causal without a mask: transformers/integrations/sdpa_attention.py
     )
 
 
 def model_config(hf: dict[str, Any], *, name: str, seq_len: int | None, batch_tokens: int | None) -> ModelConfig:
     """Raises: KeyError (a field is missing), ConfigError (a Llama variant these blocks are not)."""
-    if hf.get("tie_word_embeddings") or hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ConfigError("tied embeddings and biases are not supported (the first and last stage would share a "
-                          "tensor)")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ConfigError("a Llama with biases is not supported (hetswarm's Llama blocks have none)")
     rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10_000.0), "rope_type": "default"}
     if rope.get("rope_type", "default") != "default" or hf.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"only default rotary embeddings and SiLU are supported, got {rope} and "
@@ -53,7 +52,7 @@ def model_config(hf: dict[str, Any], *, name: str, seq_len: int | None, batch_to
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         d_ff=hf["intermediate_size"], vocab_size=hf["vocab_size"], seq_len=seq_len,
         batch_tokens=batch_tokens or 8 * seq_len, rope_theta=float(rope["rope_theta"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
 
 def is_transposed(name: str) -> bool:
@@ -80,7 +79,7 @@ class LlamaEmbedding(nn.Module):
 
 
 class LlamaHead(nn.Module):
-    """Final RMSNorm and the untied, bias-free output projection, held by the last stage: d + d·V parameters."""
+    """Final RMSNorm and the bias-free output projection (tied or not), held by the last stage: d + d·V parameters."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

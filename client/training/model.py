@@ -1,10 +1,12 @@
 """The decoder a hetswarm swarm trains, built one pipeline stage at a time.
 
-nanoGPT's model (karpathy/nanoGPT, model.py) cut into stages: GPT-2 blocks with biases, pre-norm, an untied
-output head; or, for ``architecture="llama"``, transformers' Llama blocks (client/training/llama.py). A stage
-holds only its layer range [a, b) of the model; the first also holds the embeddings, the last the final norm and
-the head. Parameter names are global (``blocks.5.attn.qkv.weight`` whatever the
-split), so a stage's state dict can be handed to a peer whose stage covers other layers.
+nanoGPT's model (karpathy/nanoGPT, model.py) cut into stages: GPT-2 blocks with biases, pre-norm, an output head;
+or, for ``architecture="llama"``, transformers' Llama blocks (client/training/llama.py). A stage holds only its
+layer range [a, b) of the model; the first also holds the embeddings, the last the final norm and the head. Parameter
+names are global (``blocks.5.attn.qkv.weight`` whatever the split), so a stage's state dict can be handed to a peer
+whose stage covers other layers. With tied embeddings (ModelConfig.tie_embeddings) the whole model holds one matrix
+under both names, ``embed.tok.weight`` and ``head.out.weight``, and a last stage without the embedding starts from a
+copy of it (the stage worker keeps the copies equal).
 
 Every module is initialised from its own generator, seeded by (seed, module): a stage's parameters do not depend
 on which other stages exist, every replica of a stage starts identical, and any split of the model equals the
@@ -22,9 +24,11 @@ from torch.utils.checkpoint import checkpoint
 
 from hetswarm.protocol.model_config import ModelConfig
 
-__all__ = ["Block", "StageModule", "build_full_model", "build_stage", "loss"]
+__all__ = ["EMBEDDING_MATRIX", "HEAD_MATRIX", "Block", "StageModule", "build_full_model", "build_stage", "loss"]
 
 _INIT_STD = 0.02  # GPT-2's init (nanoGPT, GPT._init_weights)
+EMBEDDING_MATRIX, HEAD_MATRIX = "embed.tok.weight", "head.out.weight"
+"""The two names of the matrix that tied embeddings share."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -82,7 +86,8 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    """Final LayerNorm and the untied, bias-free output projection, held by the last stage: 2d + d·V parameters."""
+    """Final LayerNorm and the bias-free output projection (tied or not), held by the last stage: 2d + d·V
+    parameters."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -119,6 +124,7 @@ class StageModule(nn.Module):
         self.embed = embedding(config) if is_first else None
         self.blocks = nn.ModuleDict({str(i): block(i) for i in range(a, b)})  # keyed by global layer index
         self.head = head(config) if is_last else None
+        self.tie()
 
     @property
     def is_first(self) -> bool:
@@ -142,6 +148,12 @@ class StageModule(nn.Module):
                 x = block(x, **positions)  # (B, T, C)
         return self.head(x) if self.head is not None else x  # (B, T, V) or (B, T, C)
 
+    def tie(self) -> None:
+        """With tied embeddings, makes the head's matrix the embedding's parameter when the stage holds both: once
+        built, and again after a move to another device or dtype, which gives each module a new parameter."""
+        if self.config.tie_embeddings and self.embed is not None and self.head is not None:
+            self.head.out.weight = self.embed.tok.weight
+
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """GPT-2 init (nanoGPT): N(0, 0.02) weights, zero biases, unit norms, and for `gpt2` residual projections
@@ -156,6 +168,8 @@ class StageModule(nn.Module):
         for tag, part in parts:
             generator = torch.Generator().manual_seed(_module_seed(seed, tag))
             for name, module in part.named_modules():  # registration order: fixed by the classes above
+                if tag == "head" and name == "out" and self.config.tie_embeddings:
+                    continue  # the embedding's matrix (below)
                 if isinstance(module, self._norms):
                     module.weight.fill_(1.0)
                     if getattr(module, "bias", None) is not None:
@@ -165,6 +179,9 @@ class StageModule(nn.Module):
                     module.weight.normal_(0.0, std, generator=generator)
                     if getattr(module, "bias", None) is not None:
                         module.bias.zero_()
+        if self.config.tie_embeddings and self.head is not None and self.embed is None:  # a copy, as the first draws
+            generator = torch.Generator().manual_seed(_module_seed(seed, "embedding"))
+            self.head.out.weight.normal_(0.0, _INIT_STD, generator=generator)  # the embedding's first draw: its matrix
 
 
 def _module_seed(seed: int, tag: str) -> int:
@@ -202,8 +219,11 @@ def build_stage(
         stage = StageModule(config, bounds[stage_index], is_first=stage_index == 0, is_last=stage_index == d_pp - 1,
                             recompute=recompute)
     stage.to_empty(device="cpu")
+    stage.tie()
     stage.init_weights(seed)
-    return stage.to(device=device, dtype=dtype)
+    stage = stage.to(device=device, dtype=dtype)
+    stage.tie()
+    return stage
 
 
 def build_full_model(

@@ -75,7 +75,8 @@ def reference_step(model: StageModule, batches: Sequence[Sequence[MicroBatch]]) 
     ]
     total = torch.stack(pipeline_losses).mean()  # the average over replicas that the all-reduce computes
     total.backward()
-    grads = {name: param.grad.detach().clone() for name, param in model.named_parameters()}
+    grads = {name: param.grad.detach().clone()  # a tied matrix under both its names
+             for name, param in model.named_parameters(remove_duplicate=False)}
     return ReferenceStep(loss=total.item(), grads=grads)
 
 

@@ -55,9 +55,10 @@ class StageState:
 
     @classmethod
     def capture(cls, module: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> StageState:
-        """A CPU copy of ``module``'s parameters and their AdamW state (empty before the first optimizer step)."""
+        """A CPU copy of ``module``'s parameters and their AdamW state (empty before the first optimizer step); a
+        parameter with two names (tied embeddings) under both, so that a state means the same whatever the cut."""
         tensors = {}
-        for name, param in module.named_parameters():
+        for name, param in module.named_parameters(remove_duplicate=False):
             tensors[name] = param.detach().to("cpu", copy=True)
             for key, value in optimizer.state.get(param, {}).items():
                 tensors[f"{name}:{key}"] = value.detach().to("cpu", copy=True)
@@ -70,7 +71,8 @@ class StageState:
         Raises:
             RejectedInput: a tensor is not one of the module's, a unit is incomplete, or a shape differs.
         """
-        params = {name: p for name, p in module.named_parameters() if unit_of(name) in set(self.units)}
+        params = {name: p for name, p in module.named_parameters(remove_duplicate=False)
+                  if unit_of(name) in set(self.units)}
         missing = sorted(set(params) - set(self.tensors))
         extra = sorted(name for name in self.tensors if name.split(":")[0] not in params)
         if missing or extra:

@@ -1,7 +1,8 @@
 """One stage of one pipeline, trained in lock-step with the rest of the swarm.
 
 A step runs the assignment's M micro-batches through the stage in its pipeline schedule (GPipe or 1F1B,
-client/training/pipeline_schedule.py), then the stage group's all-reduce of the gradients, then the plan-wide
+client/training/pipeline_schedule.py), then the stage group's all-reduce of the gradients (and, with tied
+embeddings, the sum of the first and last stages' copies: client/training/tied_embeddings.py), then the plan-wide
 commit vote, then the optimizer step. The
 all-reduce starts as soon as the backward ends, while the neighbours may still be acknowledging the last frames:
 a send that then fails cancels it, and the attempt fails (waiting for the answers would add a round trip to the
@@ -60,6 +61,7 @@ from hetswarm.client.training.reference import micro_batch_loss
 from hetswarm.client.training.replica_sync import ReplicaSync
 from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.step_commit import CommitBoard
+from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
@@ -194,8 +196,11 @@ class StageWorker:
         replicas: ReplicaSync, data: TokenSource, model_config: ModelConfig, pipeline: int, n_pipelines: int,
         device: torch.device, config: StageConfig, optimizer: torch.optim.Optimizer, stage: int, d_pp: int,
         schedule: PipelineSchedule = "gpipe", emulated_tflops: float | None = None, eval_every: int = 0,
+        tied: TiedMatrix | None = None,
     ) -> None:
         self.module, self.streams, self.group, self.data = module, streams, group, data
+        self.tied = tied
+        """This stage's copy of a tied embedding matrix, summed with the other stage's every step; None: none."""
         self.board, self.replicas = board, replicas
         self.model_config, self.pipeline, self.n_pipelines = model_config, pipeline, n_pipelines
         self.device, self.config = device, config
@@ -224,7 +229,7 @@ class StageWorker:
         """Stops serving this stage's handlers (a new assignment builds a new worker); each part on its own, so that
         one never attached (a start that failed half-way) does not keep the others registered."""
         await self._drop_ahead()
-        for part in (self.streams, self.group, self.board, self.replicas):
+        for part in filter(None, (self.streams, self.group, self.board, self.replicas, self.tied)):
             with contextlib.suppress(Exception):
                 await part.detach()
 
@@ -414,6 +419,8 @@ class StageWorker:
                 else:
                     loss, grads = precomputed.loss, precomputed.grads
                 await self._waiting(self.group.average(grads, step=step, attempt=attempt))
+                if self.tied is not None:
+                    await self._waiting(self.tied.sum(grads, step=step, attempt=attempt))
                 self._mark("all-reduced")
         except* StageError as failures:
             raise failures.exceptions[0] from None
@@ -591,6 +598,8 @@ async def start_stage(
 
     everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
     board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version))
+    tied = TiedMatrix.of_plan(module, assignment, p2p=p2p, swarm=swarm, sender_timeout_s=config.sender_timeout_s,
+                              reducer_timeout_s=config.reducer_timeout_s)
     optimizer = config.build_optimizer(module.parameters())
     replicas = ReplicaSync(p2p, members, module, optimizer, namespace=replica_namespace(swarm, role.stage),
                            timeout_s=config.commit_timeout_s)
@@ -600,13 +609,16 @@ async def start_stage(
                        model_config=model_config, pipeline=role.replica, n_pipelines=assignment.d_dp, device=device,
                        config=config, optimizer=optimizer, stage=role.stage, d_pp=assignment.d_pp,
                        schedule=assignment.schedule, emulated_tflops=emulated_tflops,
-                       eval_every=_eval_every(assignment, data))
+                       eval_every=_eval_every(assignment, data), tied=tied)
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()
         await group.attach()
+        if tied is not None:
+            await tied.attach()
         await streams.attach()
-        await streams.wait_for([peer for peer in (previous, following, *members) if peer], config.start_timeout_s)
+        await streams.wait_for([peer for peer in (previous, following, *members, *(tied.members if tied else ()))
+                                if peer], config.start_timeout_s)
     except BaseException:  # its handler names must be free for the next plan's worker
         await worker.close()
         raise
