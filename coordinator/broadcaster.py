@@ -242,7 +242,7 @@ class Broadcaster:
             records, self._not_admitted = self.admission.screen(records)
             records, self._flagged = self.claims.judge(records)
             self._peers = records
-            self._keep_above(highest_followed_version(records, members=plan.roles if plan is not None else None))
+            self._keep_above(highest_followed_version(records, plan))
             if self._taking_over is not None:
                 self._take_over(records)
             decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
@@ -298,7 +298,7 @@ class Broadcaster:
         saved, in_force = self.state.version, self.state.assignment
         if ours is not None and (in_force is None or ours.version > in_force.version):
             in_force = ours
-        followed = highest_followed_version(peers, members=in_force.roles if in_force is not None else None)
+        followed = highest_followed_version(peers, in_force)
         highest = max(saved, ours.version if ours is not None else 0, followed)
         self._keep_above(highest)
         if in_force is not None:

@@ -123,11 +123,15 @@ def standing(plan: Assignment, records: Mapping[str, PeerRecord]) -> Standing:
     return "superseded" if any(version > plan.version for version in followed) else "abandoned"
 
 
-def highest_followed_version(records: Mapping[str, PeerRecord], members: Collection[str] | None = None) -> int:
+def highest_followed_version(records: Mapping[str, PeerRecord], plan: Assignment | None = None) -> int:
     """The highest assignment version a peer says it follows: a new version must be above it to be followed.
 
-    Once there is a plan, only its `members` count: anyone can claim a version, and a stranger's claim of a huge
-    one would otherwise push ours past the largest a record may carry. Without a plan (a coordinator that lost
-    its state) every peer counts: that is the only way to learn what the swarm follows."""
-    return max((r.assignment_version or 0 for p, r in records.items() if members is None or p in members),
+    Once there is a `plan`, only its members count, and only up to one version past it (one published but not yet
+    saved here): anyone can claim a version, and a claim of a huge one, a stranger's or a member's, would otherwise
+    push ours past the largest a record may carry. Without a plan (a coordinator that lost its state) every peer
+    counts: that is the only way to learn what the swarm follows."""
+    if plan is None:
+        return max((r.assignment_version or 0 for r in records.values()), default=0)
+    return max((r.assignment_version for p, r in records.items()
+                if p in plan.roles and r.assignment_version is not None and r.assignment_version <= plan.version + 1),
                default=0)

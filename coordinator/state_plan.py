@@ -143,7 +143,8 @@ def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collect
                                 before: int | None = None, abandoned: Collection[tuple[int, int]] = ()
                                 ) -> tuple[int, list[str]] | None:
     """The newest step (below `before`, when given) whose checkpoints, held by peers in view and not of an
-    `abandoned` trajectory (`plan_state`), cover every layer, and the peers that hold them."""
+    `abandoned` trajectory (`plan_state`), cover every layer, and the peers that hold them; a checkpoint of layers
+    beyond the model's `n_layers` counts for nothing."""
     by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}
     for peer, record in records.items():
         if peer not in alive:
@@ -151,6 +152,8 @@ def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collect
         for info in record.checkpoints:
             if (before is not None and info.step >= before) or any(
                     info.step > step and info.plan_version < version for step, version in abandoned):
+                continue
+            if info.layers[1] > n_layers:  # not of this model: a forged or stale record
                 continue
             by_step.setdefault(info.step, {}).setdefault(peer, []).append(tuple(info.layers))
     for step in sorted(by_step, reverse=True):

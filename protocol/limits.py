@@ -61,6 +61,8 @@ MAX_MEMORY_GIB = 16_384.0
 MAX_SECONDS = 1_000_000.0
 """Any duration a record reports (step compute, waits, hand-offs, predictions): about 11 days."""
 MAX_STEP = 10**9
+MAX_LAYERS = 4096
+"""Layers of a model, and so the ends of any layer range a record names: past any transformer trained (hundreds)."""
 """Steps and plan versions: a billion steps is beyond any run; keeps counters far from msgpack's int64 edge."""
 MAX_LOSS = 1_000_000.0
 MAX_TIMESTAMP = 1e11

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.limits import MAX_LAYERS
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -86,6 +87,8 @@ class ModelConfig:
         for field in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "batch_tokens", "micro_batches"):
             if getattr(self, field) < 1:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)} in model {self.name!r}")
+        if self.n_layers > MAX_LAYERS:
+            raise ConfigError(f"model {self.name!r} has {self.n_layers} layers, more than the {MAX_LAYERS} records allow")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads} in {self.name!r}")
         if self.architecture not in ("gpt2", "llama"):

@@ -17,6 +17,7 @@ from hetswarm.protocol.limits import (
     MAX_BANDWIDTH_MBPS,
     MAX_CHECKPOINTS_PER_RECORD,
     MAX_LATENCY_MS,
+    MAX_LAYERS,
     MAX_LINKS_PER_RECORD,
     MAX_LOSS,
     MAX_MEMORY_GIB,
@@ -49,6 +50,14 @@ _Seconds = confloat(strict=True, ge=0.0, le=MAX_SECONDS)
 _Timestamp = confloat(strict=True, ge=0.0, lt=MAX_TIMESTAMP)
 """hivemind DHT time. Every float field has bounds, so NaN and infinities are refused too (they fail any bound)."""
 _Step = conint(strict=True, ge=0, le=MAX_STEP)
+_LayerRange = conlist(conint(strict=True, ge=0, le=MAX_LAYERS), min_items=2, max_items=2)
+"""[a, b): a reader may expand it layer by layer, so its ends are bounded (and `_ordered` checks a < b)."""
+
+
+def _ordered(layers: list[int]) -> list[int]:
+    if layers[0] >= layers[1]:
+        raise ValueError(f"layer range {layers} is empty")
+    return layers
 _Version = conint(strict=True, ge=1, le=MAX_STEP)
 
 
@@ -89,10 +98,12 @@ class CheckpointInfo(_Record):
     (client/training/checkpoints.py)."""
 
     step: conint(strict=True, ge=1, le=MAX_STEP)
-    layers: conlist(conint(strict=True, ge=0, le=MAX_STEP), min_items=2, max_items=2)
+    layers: _LayerRange
     plan_version: conint(strict=True, ge=0, le=MAX_STEP) = 0
     """The plan it was written under: after a plan goes back to an earlier step, checkpoints of later steps written
     under older plans are of an abandoned trajectory (coordinator/state_plan.py)."""
+
+    _layers_ordered = pydantic.validator("layers", allow_reuse=True)(_ordered)
 
 
 class PeerRecord(_Record):
@@ -133,10 +144,11 @@ class Handoff(_Record):
     sources: conlist(_PeerIdStr, max_items=MAX_PEERS_PER_ASSIGNMENT)
     """Peers that hold the state ready for the plan's step (replicas of the previous plan, or checkpoint holders);
     a peer that does not hold its stage's state at that step fetches it from them and from the plan's peers."""
-    seeded_layers: conlist(conlist(conint(strict=True, ge=0, le=MAX_STEP), min_items=2, max_items=2),
-                           max_items=MAX_PEERS_PER_ASSIGNMENT) = pydantic.Field(default_factory=list)
+    seeded_layers: conlist(_LayerRange, max_items=MAX_PEERS_PER_ASSIGNMENT) = pydantic.Field(default_factory=list)
     """Layer ranges no peer holds any more (no replica, no checkpoint): they start again from the seed."""
     resumed_from_checkpoint: StrictBool = False
+
+    _seeded_ordered = pydantic.validator("seeded_layers", each_item=True, allow_reuse=True)(_ordered)
 
 
 class CheckpointPlan(_Record):

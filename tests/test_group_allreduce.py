@@ -122,6 +122,47 @@ def test_a_member_that_sends_nan_or_huge_values_is_left_out_and_named_and_nobody
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("poison", ["nan", "scaled"])
+def test_a_reducer_that_answers_nan_or_scaled_averages_is_named_and_nobody_applies_them(poison, monkeypatch):
+    """Member 2 reduces its share honestly for itself, but answers the others NaN or 10⁷ times the average: each of
+    them refuses that share, names member 2, and keeps its tensors as they were."""
+    from hetswarm.client.training import group_allreduce
+    from hetswarm.protocol.codecs import encode_tensor
+
+    hostile: list = []
+
+    class Lying(group_allreduce.ExactAllReduceRunner):
+        def _outgoing_part(self, part_index, averaged):
+            serialized, decoded = super()._outgoing_part(part_index, averaged)
+            if self.peer_id not in hostile:
+                return serialized, decoded
+            lie = decoded.clone()
+            lie.view(-1)[::3] = float("nan")
+            return encode_tensor(lie if poison == "nan" else decoded * 1e7, self.codec), decoded
+
+    monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Lying)
+
+    async def lied_to() -> tuple[list[list[torch.Tensor]], list[BaseException | None], str]:
+        async with connected_p2ps(3) as p2ps:
+            hostile.append(p2ps[2].peer_id)
+            groups = _groups(p2ps, PROMPT)
+            for group in groups:
+                await group.attach()
+            tensors = [_tensors(seed) for seed in range(3)]
+            outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
+                                            return_exceptions=True)
+            return tensors[:2], list(outcomes), str(p2ps[2].peer_id)
+
+    honest, outcomes, liar = asyncio.run(lied_to())
+    for outcome in outcomes[:2]:
+        assert isinstance(outcome, PartialAllReduce) and liar in outcome.peers, outcome
+        assert "sent an average with" in str(outcome), outcome
+    for seed, local in enumerate(honest):
+        for got, original in zip(local, _tensors(seed)):
+            assert torch.equal(got, original)
+
+
+@pytest.mark.timeout(60)
 def test_a_member_that_claims_a_large_weight_counts_as_much_as_any_other(monkeypatch):
     """hivemind takes each sender's weight from its message; here every part counts once, so the parts the honest
     members reduce are the plain mean (the attacker's own reductions are its own to corrupt: a reducer is trusted

@@ -24,6 +24,7 @@ from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from tests.helpers.dht_nodes import dht_pair, peers_seen_by, start_node, store_raw
 from tests.helpers.swarm_records import make_record
+from tests.helpers.tiny_training import assignment_for
 
 SWARM = "sectest"
 pytestmark = pytest.mark.timeout(180)
@@ -107,11 +108,13 @@ def test_a_reader_takes_a_bounded_number_of_records_the_plans_peers_first(tmp_pa
     assert len(seen) == 3 and set(ids[4:]) <= set(seen)
 
 
-def test_a_strangers_claim_of_a_huge_plan_version_does_not_move_the_coordinators_versions():
-    member, stranger = "Qm" + "m" * 44, "Qm" + "s" * 44
-    records = {member: make_record(member).copy(update={"assignment_version": 7}),
+def test_a_claim_of_a_huge_plan_version_does_not_move_the_coordinators_versions():
+    member, liar, stranger = "Qm" + "m" * 44, "Qm" + "n" * 44, "Qm" + "s" * 44
+    plan = assignment_for([[member], [liar]], "Qm" + "c" * 44).copy(update={"version": 7})
+    records = {member: make_record(member).copy(update={"assignment_version": 8}),  # one past ours: taken
+               liar: make_record(liar).copy(update={"assignment_version": MAX_STEP}),  # a member's lie: ignored
                stranger: make_record(stranger).copy(update={"assignment_version": MAX_STEP})}
-    assert highest_followed_version(records, members={member}) == 7
+    assert highest_followed_version(records, plan) == 8
     assert highest_followed_version(records) == MAX_STEP  # with no plan to go by, every claim counts
 
 

@@ -143,3 +143,27 @@ def test_each_last_stage_shows_its_held_out_loss_and_the_table_what_the_pipeline
     assert "held-out loss 2.500 after step 9 (2 of 2 pipelines agree)" in " ".join(text.split())
     rows = [line for line in text.splitlines() if "2.500 @9" in line]
     assert len(rows) == 2  # the two last stages; the first stages measure nothing
+
+
+def test_a_peers_own_words_cannot_break_or_restyle_the_view():
+    """Markup in a public name used to crash the monitor; terminal escapes would have reached the terminal."""
+    hostile = {"name": "[/x][bold red]boss", "site": "\x1b[2JParis", "device_name": "gpu\x07[/]"}
+    snap = snapshot([])
+    snap["peers"][0].update(hostile)
+    snap["refused"] = [{"peer_id": PEER, "short_id": "…cLc9cT", "name": hostile["name"], "reason": "[/] \x1b[31m"}]
+    text = printed(snap)
+    assert "[/x][bold red]boss" in text and "?[2JParis" in text and "gpu?[/]" in text and "[/] ?[31m" in text
+    assert "\x1b" not in text and "\x07" not in text
+
+
+def test_an_unpinned_monitor_says_whose_plan_it_shows_and_a_pinned_one_does_not():
+    a, b, c, d = IDS[:4]
+    records = {peer: record(peer, state="training") for peer in (a, b, c, d)}
+    ours = assignment_for([[a, b], [c, d]], IDS[9]).copy(update={"version": 3})
+    theirs = assignment_for([[a, b], [c, d]], IDS[8]).copy(update={"version": 900})  # anyone can sign a newer one
+    snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: ours, IDS[8]: theirs}, progress={},
+                         read_at=0.0, refusals={})
+    unpinned = printed(snap.to_json())
+    assert f"the newest of 2 signers' plans, signed by {IDS[8]}" in unpinned and "--coordinator" in unpinned
+    pinned = printed(snap.to_json(coordinator=IDS[9]))
+    assert "assignment v3" in pinned and "signers' plans" not in pinned

@@ -5,7 +5,8 @@ The swarm is real, on 127.0.0.1: a `silent` node publishes a valid signed PeerRe
 (as a peer without the probe service, or a crashed one until its record expires); a `good` peer is a Volunteer;
 `me` is a Volunteer with the smallest peer id, so it is the one that measures both links. Before the backoff, `me`
 probed `silent` about 1500 times in 20 s and published its record as often. A heartbeat no DHT node took is tried
-again within a second, not a period later (on a stand-in record store).
+again within a second, not a period later (on a stand-in record store). A volunteer that measured more links than a
+record holds publishes the newest.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from hetswarm.client.peer.node import Identity, NodeConfig, SwarmNode, start_dht
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Hardware, PeerRecord
+from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.swarm_records import IDS, make_record
 
@@ -190,3 +192,15 @@ def test_a_probe_from_a_peer_not_yet_in_view_waits_for_one_read_and_a_strangers_
             watch.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_volunteer_that_measured_more_links_than_a_record_holds_publishes_the_newest():
+    node = SimpleNamespace(peer_id=IDS[0], records=None, config=SimpleNamespace(swarm=SWARM),
+                           dht=SimpleNamespace(get_visible_maddrs=lambda: []))
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig())
+    peers = [f"Qm{index:044d}".translate(str.maketrans("0123456789", "abcdefghij"))  # base58 has no 0
+             for index in range(MAX_LINKS_PER_RECORD + 44)]
+    volunteer.links = {peer: LinkMeasurement(latency_ms=10.0, bandwidth_mbps=100.0, measured_at=float(at), samples=3)
+                       for at, peer in enumerate(peers)}
+    record = volunteer.record()  # validated: it used to fail on its own record past the limit
+    assert sorted(record.links) == sorted(peers[-MAX_LINKS_PER_RECORD:])

@@ -2,7 +2,11 @@
 the newest complete checkpoint, a wait, or lost layers that start again from the seed."""
 from __future__ import annotations
 
+import pytest
+from pydantic.v1 import ValidationError
+
 from hetswarm.coordinator.state_plan import checkpoint_plan, kept_state, layer_ranges, plan_state
+from hetswarm.protocol.limits import MAX_LAYERS
 from hetswarm.protocol.records import CheckpointInfo, Handoff, PeerRecord, Progress
 from tests.helpers.swarm_records import IDS, record
 from tests.helpers.tiny_training import TINY, assignment_for
@@ -104,3 +108,15 @@ def test_the_members_that_keep_their_state_from_the_start_of_a_plan():
     assert kept_state(moved, previous) == {A, C, D, E}  # no hand-off: all from the seed
     seeded = moved.copy(update={"handoff": Handoff(sources=[A, C], seeded_layers=[[2, 4]])})
     assert kept_state(seeded, previous) == {A, C, D, E}  # stage 1 starts again from the seed: nothing to download
+
+
+def test_a_checkpoint_range_beyond_the_model_is_refused_or_counts_for_nothing():
+    """A record naming layers [0, 10⁹) once made every reader expand a billion-element set."""
+    for layers in ([0, 10**9], [3, 3], [4, 2]):
+        with pytest.raises(ValidationError):
+            CheckpointInfo(step=5, layers=layers)
+    with pytest.raises(ValidationError):
+        Handoff(sources=[A], seeded_layers=[[0, MAX_LAYERS + 1]])
+    checkpoints = {A: [(24, (0, 2))], E: [(28, (0, MAX_LAYERS))]}  # E's covers the model, and far beyond it
+    origin = decide(peers(A, C, E, checkpoints=checkpoints), previous=None, live_step=0)
+    assert origin.step == 0 and origin.handoff is None  # no complete checkpoint of this model: from the seed

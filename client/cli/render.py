@@ -14,7 +14,14 @@ from hetswarm.client.local.demo import SAMPLE_PROMPT, DemoWatch, PhaseResult
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.wire_format import WireFormat
 
-__all__ = ["render", "render_watch", "summary_lines"]
+__all__ = ["render", "render_watch", "shown", "summary_lines"]
+
+
+def shown(text: str | None) -> str:
+    """A peer's own words (its name, site, device, a reason quoting them) as the terminal shows them: rich markup
+    escaped and unprintable characters (terminal escapes among them) replaced, so no peer can break or restyle the
+    view."""
+    return escape("".join(char if char.isprintable() else "?" for char in text or ""))
 
 
 def peers_table(snapshot: dict[str, Any]) -> Table:
@@ -22,7 +29,7 @@ def peers_table(snapshot: dict[str, Any]) -> Table:
     for column in ("peer", "name", "site", "device", "TFLOPS", "memory GiB", "state", "role", "last heard"):
         table.add_column(column, justify="right" if column in ("TFLOPS", "memory GiB", "last heard") else "left")
     for p in snapshot["peers"]:
-        table.add_row(p["short_id"], p["name"] or "", p["site"] or "", p["device_name"], f"{p['tflops']:.2f}",
+        table.add_row(p["short_id"], shown(p["name"]), shown(p["site"]), shown(p["device_name"]), f"{p['tflops']:.2f}",
                       f"{p['memory_gib']:.1f}", p["state"], _role(p), f"{p['last_heard_s']:.0f} s ago")
     return table
 
@@ -60,12 +67,12 @@ def links_table(snapshot: dict[str, Any]) -> Table:
 def assignment_table(assignment: dict[str, Any]) -> Group:
     """Stage × replica grid (name and site of each peer), the pipelines' chains, the bottleneck and the prediction."""
     def label(peer: dict[str, Any]) -> str:
-        text = f"{peer['name'] or short_id(peer['peer_id'])} ({peer['site'] or '?'})"
+        text = f"{shown(peer['name'] or short_id(peer['peer_id']))} ({shown(peer['site'] or '?')})"
         return text if peer["alive"] else f"[red]{text} gone[/red]"
 
-    grid = Table(title=f"assignment v{assignment['version']} ({assignment['model']}): {assignment['d_dp']} pipelines "
-                       f"× {assignment['d_pp']} stages, {assignment['micro_batches']} micro-batches — "
-                       f"{assignment['reason']}")
+    grid = Table(title=f"assignment v{assignment['version']} ({shown(assignment['model'])}): {assignment['d_dp']} "
+                       f"pipelines × {assignment['d_pp']} stages, {assignment['micro_batches']} micro-batches — "
+                       f"{shown(assignment['reason'])}")
     grid.add_column("stage (layers)")
     for replica in range(assignment["d_dp"]):
         grid.add_column(f"replica {replica}")
@@ -114,7 +121,7 @@ def _state_origins(handoffs: list[dict[str, Any]]) -> str:
             continue
         part = f"{len(members)} {label}"
         if origin in ("handed off", "checkpoint"):
-            who = ", ".join(h["name"] or short_id(h["peer_id"]) for h in members)
+            who = ", ".join(shown(h["name"] or short_id(h["peer_id"])) for h in members)
             part += (f" {_size(sum(h['bytes'] for h in members))} in {max(h['seconds'] for h in members):.1f} s "
                      f"to {who}")
         parts.append(part)
@@ -130,7 +137,7 @@ def _size(n_bytes: int) -> str:
 
 def progress_table(snapshot: dict[str, Any]) -> Table:
     """Each training peer's latest step; step time = compute + waiting, beside the plan's prediction."""
-    names = {p["peer_id"]: p["name"] or p["short_id"] for p in snapshot["peers"]}
+    names = {p["peer_id"]: shown(p["name"] or p["short_id"]) for p in snapshot["peers"]}
     assignment = snapshot.get("assignment")
     predicted = f", predicted {assignment['predicted_step_s']:.2f} s/step" if assignment else ""
     table = Table(title=f"training progress{predicted}")
@@ -156,6 +163,8 @@ def render(snapshot: dict[str, Any]) -> Group:
     parts = [peers_table(snapshot), links_table(snapshot)]
     if snapshot.get("assignment") is not None:
         parts.append(assignment_table(snapshot["assignment"]))
+        if snapshot.get("pinned_coordinator") is None:
+            parts.append(_unpinned_line(snapshot))
     if snapshot["progress"]:
         parts.append(progress_table(snapshot))
     parts.extend(judged_line("refused", peer) for peer in snapshot.get("refused", []))
@@ -163,9 +172,16 @@ def render(snapshot: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
+def _unpinned_line(snapshot: dict[str, Any]) -> str:
+    """Whose plan an unpinned monitor shows: anyone can sign one, so the watcher is told, and how to choose."""
+    signers = len(snapshot.get("assignments", {}))
+    return (f"[yellow]plan shown: the newest of {signers} signer{'s' * (signers != 1)}' plans, signed by "
+            f"{snapshot['assignment']['coordinator_id']}; pass --coordinator to watch only your coordinator's[/yellow]")
+
+
 def judged_line(kind: str, peer: dict[str, Any]) -> str:
     """A peer the coordinator does not plan (refused) or prices by what it does (flagged), and why."""
-    return f"[red]{kind}[/red] {escape(peer['name'] or peer['short_id'])} ({peer['peer_id']}): {escape(peer['reason'])}"
+    return f"[red]{kind}[/red] {shown(peer['name'] or peer['short_id'])} ({peer['peer_id']}): {shown(peer['reason'])}"
 
 
 def render_watch(watch: DemoWatch) -> Group:
@@ -184,7 +200,8 @@ def render_watch(watch: DemoWatch) -> Group:
     for peer, record in sorted(watch.peers.items(), key=lambda item: item[1].public_name or item[0]):
         p = watch.latest.get(peer)
         role = roles.get(peer)
-        table.add_row(record.public_name or short_id(peer), record.site or "", f"{role.stage}·{role.replica}" if role else "—",
+        table.add_row(shown(record.public_name or short_id(peer)), shown(record.site),
+                      f"{role.stage}·{role.replica}" if role else "—",
                       record.state, str(p.step) if p else "", f"{p.loss:.3f}" if p and p.loss is not None else "",
                       _held_out_cell(p.held_out_loss, p.held_out_step) if p else "",
                       f"{p.tokens_per_s:.0f}" if p else "", f"{p.compute_s:.2f}" if p else "",
@@ -203,8 +220,8 @@ def summary_lines(phases: list[PhaseResult]) -> list[str]:
                      f"{first.losses[steps[-1]]:.3f} at step {steps[-1]}, {took:.1f} s later")
     if first.held_out:
         steps = sorted(first.held_out)
-        lines.append(f"Held-out loss ({first.placement} plan): {first.held_out[steps[0]]:.3f} after step {steps[0]} → "
-                     f"{first.held_out[steps[-1]]:.3f} after step {steps[-1]}")
+        lines.append(f"Held-out loss ({first.placement} plan): {first.held_out[steps[0]]:.3f} after step "
+                     f"{steps[0]} → {first.held_out[steps[-1]]:.3f} after step {steps[-1]}")
     if first.sample is not None:
         lines.append(f"Sample of the {first.placement} plan's model at step {first.sample_step} (greedy; `hetswarm "
                      f"generate {first.exported}` samples more): {SAMPLE_PROMPT + first.sample!r}")

@@ -107,6 +107,7 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
              "bandwidth_mbps": float(view.network.bandwidth_gbps[i, j]) * MBPS_PER_GBPS}
             for (i, j), how in sorted(view.estimated.items())],
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
+        "pinned_coordinator": coordinator,
         "assignment": _current_assignment(assignment, records, view, progress),
         "progress": [p.dict() for p in progress.values()],
         "refused": _judged(snapshot, judge, "refused"),

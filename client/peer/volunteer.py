@@ -30,7 +30,7 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import probe_namespace, short_id
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_TOKEN_CHARS
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
@@ -130,6 +130,11 @@ class Volunteer:
     def namespace(self) -> str:
         return probe_namespace(self.node.config.swarm)
 
+    def _newest_links(self) -> dict[str, LinkMeasurement]:
+        """The links a record can hold (MAX_LINKS_PER_RECORD), the most recently measured, whatever was measured."""
+        newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
+        return dict(newest[:MAX_LINKS_PER_RECORD])
+
     def record(self) -> PeerRecord:
         role = self.follower.role if self.follower else None
         return PeerRecord(
@@ -137,7 +142,7 @@ class Volunteer:
             maddrs=[str(m) for m in self.node.dht.get_visible_maddrs()][:16],
             version=VERSION,
             hardware=self.hardware,
-            links=dict(self.links),
+            links=self._newest_links(),
             state="training" if self.state == "ready" and role is not None else self.state,
             public_name=self.config.public_name,
             site=self.config.site,

@@ -21,11 +21,17 @@ step's (client/training/error_feedback.py).
 A member whose stream of averages from a reducer ends short, without a refusal, asks that reducer again
 (``rpc_fetch_averages``): the transport can lose answers the reducer sent after it had every part (a reset stream,
 docs/hivemind.md pitfall 13), and the reducer keeps its averages for that (``_Answers``), as sent, until its next
-round ends: one share of the stage's gradients, in the wire codec. It answers again only a member whose parts it counted.
+round ends: one share of the stage's gradients, in the wire codec. It answers again only a member whose parts it
+counted.
 
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
 after every round and raises ``PartialAllReduce`` rather than hand back a partial average.
+
+Nor does a member take a reducer's word for its averages: one that is not finite, or far longer than any honest
+reduction of the part it was sent (``ExactAllReduceRunner._average_refusal``), fails the round, and the reducer is
+named in the ``PartialAllReduce`` as a banned sender is, so that no replica applies the average and the plan can
+leave that member out.
 """
 import asyncio
 import hashlib
@@ -262,6 +268,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         """Set once `sent` holds every part this member reduces."""
         self.reducer_failures: dict[PeerID, str] = {}
         """Why each reducer whose averages we lack failed us: hivemind only counts the values it lost."""
+        self.bad_reducers: dict[PeerID, str] = {}
+        """Reducers whose averages no honest reduction gives (`_average_refusal`): named, not merely lost."""
         super().__init__(*args, **kwargs)
         reducer = self.tensor_part_reducer
         reducer.finished.set()  # unused: its finalizer would warn that it received none of its parts
@@ -274,6 +282,26 @@ class ExactAllReduceRunner(AllReduceRunner):
             self._local_norms = [float(part.norm()) for part in self.parts_for_local_averaging]
             self._mean_norm = sum(self._local_norms) / max(len(self._local_norms), 1)
         return self.part_norm_ratio * max(self._local_norms[part_index], self._mean_norm, 1e-12)
+
+    def _average_refusal(self, averaged: torch.Tensor, peer_index: int, part_index: int) -> str | None:
+        """Why an average a reducer sent cannot be the reduction of honest parts, or None. An average is no longer
+        than its longest part, a reducer takes no part over MAX_PART_NORM_RATIO times its own, and honest replicas'
+        parts differ by far less: so an honest average is finite and within the square of that ratio of the part
+        we sent (or, for a part that is all zeros here, of our parts' mean norm). A NaN or a scaled average is
+        caught; a wrong one within the bound is not."""
+        if not torch.isfinite(averaged).all():
+            return "NaN or infinite values"
+        if self.part_norm_ratio is None:
+            return None
+        if not hasattr(self, "_sent_norms"):  # what we sent each reducer (hivemind keeps it until the round ends)
+            self._sent_norms = [[float(part.norm()) for part, _ in parts]
+                                for parts in self.tensor_part_container._input_parts_by_peer]
+            every = [norm for norms in self._sent_norms for norm in norms]
+            self._mean_sent_norm = sum(every) / max(len(every), 1)
+        bound = self.part_norm_ratio ** 2 * max(self._sent_norms[peer_index][part_index], self._mean_sent_norm, 1e-12)
+        if float(averaged.norm()) > bound:
+            return f"a norm of {float(averaged.norm()):.3g}, over {self.part_norm_ratio ** 2:g}× the part we sent it"
+        return None
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
@@ -343,6 +371,9 @@ class ExactAllReduceRunner(AllReduceRunner):
                 raise AllreduceException(f"{peer_id} sent more averages than it reduces parts")
             if part_index >= have:
                 averaged = await asyncio.to_thread(decode_tensor, message.tensor_part, self.codec)
+                if (refusal := self._average_refusal(averaged, peer_index, part_index)) is not None:
+                    self.bad_reducers[peer_id] = f"an average with {refusal}"
+                    raise AllreduceException(f"{peer_id} sent an average with {refusal}")
                 self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
             part_index += 1
         return part_index
@@ -463,7 +494,8 @@ class StageGroup:
             failures = "".join(f"; reducer {peer}: {why}" for peer, why in runner.reducer_failures.items())
             raise PartialAllReduce(
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
-                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}", peers=banned)
+                f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}",
+                peers=[*banned, *runner.bad_reducers])
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
