@@ -14,6 +14,7 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * live_cost.py    - the live cost model: paper communication + per-peer compute + pipeline bubble + memory
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
  * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
+ * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
  * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled

@@ -19,7 +19,8 @@ Before it publishes a plan, the coordinator pings the peers it places (`silent`,
 killed since its record was last refreshed is still in view until the record expires, and its plan's members
 report it only once a step fails, one reporter at a time. A placed peer that does not answer is left out as if a
 member had reported it, and the plan is made again without it; a resume from checkpoints then never waits on a dead
-peer that a member had not reported yet.
+peer that a member had not reported yet. The same ping checks a member's lone report that a peer is unreachable
+(coordinator/reports.py) before the peer is planned out.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.planner import Proposal, Replanner
+from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
     highest_followed_version,
@@ -191,6 +193,7 @@ class Broadcaster:
         self.admission = admission or Admission(swarm=config.swarm)
         self.claims = ClaimCheck()
         self.losses = LossWatch(threshold=config.rollback_spike)
+        self.reports = ReportCheck(silent, coordinator_id=coordinator_id, remember_s=replanner.config.suspect_s)
         self.assignment: Assignment | None = None
         """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
@@ -411,8 +414,10 @@ class Broadcaster:
             self._save_state()
         if self.assignment is not None:
             unreachable, stalled = troubles(self.assignment, progress)
-            if unreachable or stalled:
-                self.replanner.note_trouble(unreachable=unreachable, stalled=stalled, now=time.monotonic())
+            judged = await self.reports.judge(unreachable, time.monotonic())
+            if judged.unreachable or stalled:
+                self.replanner.note_trouble(unreachable=judged.unreachable, stalled=stalled, now=time.monotonic(),
+                                            reasons=judged.reasons)
 
     def _save_state(self, *, force: bool = False) -> None:
         """Writes the state when it changed: at once for a new version, else at most every STATE_SAVE_INTERVAL_S."""

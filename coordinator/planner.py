@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from hetswarm.coordinator.live_cost import (
 )
 from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
 from hetswarm.coordinator.plan import Plan, cost_plan
+from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.coordinator.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
@@ -299,8 +301,8 @@ class Replanner:
     _changed_at: float = -math.inf
     _considered_at: float = -math.inf
     _last_refusal: str = ""
-    _suspects: dict[str, float] = field(default_factory=dict)
-    """Peer → until when (monotonic) it is left out: a member of the plan could not reach it."""
+    _suspects: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """Peer → until when (monotonic) it is left out, and why (coordinator/reports.py)."""
     _trouble: str = ""
     """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
     _restarted_at: float = -math.inf
@@ -334,14 +336,16 @@ class Replanner:
                 return f"it has {name}={found}, this run asks for {fixed}"
         return None
 
-    def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float) -> None:
-        """What the plan's members report (client/training/trainer.py): `unreachable` maps a reporter to the
-        peers it could not reach, `stalled` a member that gave up to its reason. An unreachable peer is left out
-        at once (no debounce: the plan cannot train with it); stalled members get the plan restarted. Two members
-        that report each other are both left out: which of them is cut off cannot be told from here."""
-        fresh = {peer for peers in unreachable.values() for peer in peers if self._suspects.get(peer, -math.inf) <= now}
+    def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
+                     reasons: Mapping[str, str] | None = None) -> None:
+        """What the plan's members report (client/training/trainer.py), as the coordinator judged it
+        (coordinator/reports.py): `unreachable` maps a reporter to the peers to leave out, `reasons` says why each,
+        `stalled` maps a member that gave up to its reason. An unreachable peer is left out at once (no debounce:
+        the plan cannot train with it); stalled members get the plan restarted."""
+        fresh = {peer for peers in unreachable.values() for peer in peers
+                 if self._suspects.get(peer, (-math.inf, ""))[0] <= now}
         for peer in fresh:
-            self._suspects[peer] = now + self.config.suspect_s
+            self._suspects[peer] = (now + self.config.suspect_s, (reasons or {}).get(peer, REACHED_NOBODY))
         if fresh:
             self._trouble = f"unreachable: {_short(frozenset(fresh))}, reported by {_short(frozenset(unreachable))}"
             logger.warning(f"Members of the plan cannot reach {_short(frozenset(fresh))}; re-planning without them")
@@ -350,12 +354,12 @@ class Replanner:
 
     def left_out(self, now: float) -> dict[str, str]:
         """Peers left out of planning for now, with the reason (for the coordinator's Refusals record)."""
-        return {peer: f"left out for {until - now:.0f} s more: members of the plan could not reach it"
-                for peer, until in self._suspects.items() if until > now}
+        return {peer: f"left out for {until - now:.0f} s more: {why}"
+                for peer, (until, why) in self._suspects.items() if until > now}
 
     def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
         """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
-        self._suspects = {peer: until for peer, until in self._suspects.items() if until > now}
+        self._suspects = {peer: suspect for peer, suspect in self._suspects.items() if suspect[0] > now}
         records = {peer: record for peer, record in records.items() if peer not in self._suspects}  # not even standby
         members = frozenset(trainable_peers(records))
         if members != self._members:

@@ -1,6 +1,7 @@
 """Health the coordinator acts on: a member that cannot reach a peer of the plan says so at once (its Progress
-record), and the coordinator re-plans without that peer long before the peer's record expires; a member that gave
-up gets the plan restarted from the last committed step.
+record), and the coordinator, once a second member or its own ping confirms it, re-plans without that peer long
+before the peer's record expires (a report its ping contradicts leaves the reporter out instead); a member that
+gave up gets the plan restarted from the last committed step.
 
 The pure parts first (which reports count, what the replanner does with them), then the real thing on 127.0.0.1:
 a coordinator and three clients (1 pipeline × 2 stages and a standby, records that live 60 s); the last stage is
@@ -19,6 +20,7 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.coordinator.broadcaster import build_assignment, troubles
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
@@ -90,6 +92,35 @@ def test_members_that_report_every_other_peer_unreachable_leave_nothing_to_plan_
     replanner, plan = replanner_with_plan()
     replanner.note_trouble(unreachable={a: [b for b in PEERS if b != a] for a in PEERS}, stalled={}, now=101.0)
     assert replanner.decide(records_of(PEERS), now=101.5) is None  # everyone is a suspect: nobody left to plan
+
+
+def test_a_lone_report_counts_when_the_coordinators_ping_fails_too_and_turns_on_its_reporter_when_it_does_not():
+    a, b, c, liar = IDS[:4]
+    pinged: list[set[str]] = []
+
+    async def silent(peers) -> set[str]:
+        pinged.append(set(peers))
+        return {b} & set(peers)  # b is gone; c answers
+
+    check = ReportCheck(silent, coordinator_id=IDS[9], remember_s=60.0)
+    judged = asyncio.run(check.judge({a: [b], liar: [c]}, 0.0))
+    assert judged.unreachable == {a: [b], IDS[9]: [liar]} and pinged == [{b, c}]
+    assert "answers the coordinator's ping" in judged.reasons[liar] and c not in judged.reasons
+    assert asyncio.run(check.judge({a: [b], liar: [c]}, 30.0)) == judged and len(pinged) == 1  # remembered
+    both = asyncio.run(check.judge({a: [c], liar: [c]}, 30.0))  # two members agree: no ping needed
+    assert both.unreachable == {a: [c], liar: [c]} and len(pinged) == 1
+
+    replanner, plan = replanner_with_plan()
+    x, y = plan.pipelines[0]
+    judged = asyncio.run(ReportCheck(_nobody_silent, coordinator_id=IDS[9], remember_s=60.0).judge({x: [y]}, 101.0))
+    replanner.note_trouble(unreachable=judged.unreachable, stalled={}, now=101.0, reasons=judged.reasons)
+    proposal, reason = replanner.decide(records_of(PEERS), now=101.5)
+    assert x not in proposal.peers and y in proposal.peers  # the honest peer stays, the reporter is out
+    assert "answers the coordinator's ping" in replanner.left_out(102.0)[x]
+
+
+async def _nobody_silent(peers) -> set[str]:
+    return set()
 
 
 # ---- a placed client killed mid-training ----

@@ -4,9 +4,11 @@ After a committed step that calls for it (every ``StageConfig.check_every`` step
 a retry: the same steps on every peer, since commit decisions are the same everywhere), each replica hashes its
 parameters and optimizer state (SHA-256 of their deterministic encoding), keeps that encoding, and asks every other
 replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by
-the most replicas, ties broken by the lowest peer id holding it; all replicas choose the same one. A replica whose
-hash differs loads the chosen state from the lowest-id replica holding it (``rpc_state``, streamed in 1 MiB
-parts), logs a warning and counts a resync. The state and its hash are those of client/training/stage_state.py.
+the most replicas, ties broken by a hash of the step and the digest, which no replica chooses
+(stage_state.majority_digest); all replicas choose the same one. A replica whose hash differs loads the chosen state
+from a replica holding it (``rpc_state``, streamed in 1 MiB parts), checks that what came has the chosen hash (else
+it asks the next holder, and keeps its own state when none sends it), logs a warning and counts a resync. The
+state and its hash are those of client/training/stage_state.py.
 
 Replicas cannot drift while checking: a replica that has checked step N may start step N + 1, but cannot apply
 it before every member has voted, so its state (and its snapshot) is still that of step N when asked.
@@ -15,7 +17,6 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from typing import AsyncIterator
 
@@ -23,7 +24,7 @@ import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
-from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors
+from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, majority_digest
 
 __all__ = ["ReplicaSync"]
 
@@ -61,15 +62,17 @@ class ReplicaSync(ServicerBase):
             logger.warning(f"Replica check of step {step} skipped: not every replica told its state hash")
             return False
         holders = dict(zip(others, answers)) | {self.p2p.peer_id: mine}
-        counts = Counter(holders.values())
-        chosen = min(counts, key=lambda d: (-counts[d], min(p.to_bytes() for p, h in holders.items() if h == d)))
+        chosen = majority_digest(holders.values(), salt=f"replicas after step {step}")
         if chosen == mine:
             return False
-        source = next(peer for peer in self.members if holders[peer] == chosen)
-        logger.warning(f"Replica state after step {step} differs from {counts[chosen]} of {len(self.members)} "
-                       f"replicas; resynchronising from {source}")
-        await self._load_from(source, step)
-        return True
+        sources = [peer for peer in self.members if holders[peer] == chosen]
+        logger.warning(f"Replica state after step {step} differs from {len(sources)} of {len(self.members)} "
+                       f"replicas; resynchronising")
+        for source in sources:
+            if await self._load_from(source, step, chosen):
+                return True
+        logger.warning(f"No replica sent the state after step {step} that it reported; keeping this one")
+        return False
 
     def _snapshot(self) -> tuple[bytes, bytes]:
         encoded = StageState.capture(self.module, self.optimizer, step=0).encode()
@@ -85,15 +88,24 @@ class ReplicaSync(ServicerBase):
             return None
         return response.metadata or None
 
-    async def _load_from(self, peer: PeerID, step: int) -> None:
+    async def _load_from(self, peer: PeerID, step: int, digest: bytes) -> bool:
+        """Loads `peer`'s state after `step` if it has the `digest` it reported; False (and why, logged) if not."""
         stub = ReplicaSync.get_stub(self.p2p, peer, namespace=self.namespace)
         parts = []
-        async with asyncio.timeout(self.timeout_s):
-            async for part in await stub.rpc_state(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode())):
-                parts.append(part.metadata)
-        if not parts:
-            raise RuntimeError(f"{peer} sent no state for step {step}")
-        StageState(step + 1, decode_tensors(b"".join(parts))).apply(self.module, self.optimizer)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for part in await stub.rpc_state(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode())):
+                    parts.append(part.metadata)
+        except Exception as e:
+            logger.warning(f"{peer} did not send its state after step {step}: {e!r}")
+            return False
+        blob = b"".join(parts)
+        if hashlib.sha256(blob).digest() != digest:
+            logger.warning(f"{peer} sent a state after step {step} that is not the one it reported (SHA-256 "
+                           f"{hashlib.sha256(blob).hexdigest()[:12]}…, reported {digest.hex()[:12]}…)")
+            return False
+        StageState(step + 1, decode_tensors(blob)).apply(self.module, self.optimizer)
+        return True
 
     async def _checked_state(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                              ) -> tuple[bytes, bytes] | None:

@@ -18,14 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "unit_of", "units_of_layers"]
+__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_of",
+           "units_of_layers"]
 
 _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)}
 _HEADER = struct.Struct("<I")
@@ -125,6 +127,18 @@ def merged(part: StageState | None, other: StageState | None) -> StageState | No
     if part is None or other is None:
         return part or other
     return part.merge(other)
+
+
+def majority_digest(digests: Iterable[str | bytes], *, salt: str) -> str | bytes:
+    """The digest most holders report; among equally many, the one whose hash with `salt` (the step and what is
+    compared, which no holder chooses) is lowest. A tie-break by the holders' peer ids would let anyone who grinds
+    a low id win every tie."""
+    counts = Counter(digests)
+
+    def tie_break(digest: str | bytes) -> bytes:
+        return hashlib.sha256(salt.encode() + (digest.encode() if isinstance(digest, str) else digest)).digest()
+
+    return min(counts, key=lambda digest: (-counts[digest], tie_break(digest)))
 
 
 def byte_parts(blob: bytes) -> Iterator[bytes]:

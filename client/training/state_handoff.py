@@ -11,7 +11,7 @@ ask, then stream the state in bounded parts. Here the state is asked for unit by
 client/training/stage_state.py), so that a stage of a new cut can be assembled from holders of the old one, and
 several holders can serve different units at once. First every candidate says which of the units it holds at the
 step, with the SHA-256 and size of each (``rpc_state_info``); for each unit the digest reported by the most holders
-is chosen (ties: the lowest peer id), each unit is streamed from one of its holders (``rpc_state_unit``, 1 MiB
+is chosen (ties: by a hash no holder chooses), each unit is streamed from one of its holders (``rpc_state_unit``, 1 MiB
 parts, never more than the size announced), checked against the digest, and taken from the next holder when it
 does not match or the holder fails.
 """
@@ -34,7 +34,14 @@ from hivemind.proto import runtime_pb2
 from hetswarm.client.peer.peer_gate import PeerGate
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.errors import StageError, dial_failed
-from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, merged, units_of_layers
+from hetswarm.client.training.stage_state import (
+    StageState,
+    byte_parts,
+    decode_tensors,
+    majority_digest,
+    merged,
+    units_of_layers,
+)
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import ModelConfig
@@ -238,14 +245,13 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
 
 async def _holders(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str], namespace: str,
                    timeout_s: float) -> dict[str, list[tuple[PeerID, str, int]]]:
-    """For each unit some candidate holds: the holders of its most reported digest (ties: the lowest peer id)."""
+    """For each unit some candidate holds: the holders of its most reported digest (stage_state.majority_digest)."""
     infos = await asyncio.gather(*(_info(p2p, peer, step, units, namespace, timeout_s) for peer in candidates))
     holders = {}
     for unit in units:
         offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
-        counts = Counter(digest for _, (digest, _size) in offers)
-        if counts:
-            chosen = min(counts, key=lambda d: (-counts[d], min(p.to_base58() for p, (h, _) in offers if h == d)))
+        if offers:
+            chosen = majority_digest((digest for _, (digest, _size) in offers), salt=f"step {step}, {unit}")
             holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
                                    key=lambda offer: offer[0].to_base58())
     return holders
