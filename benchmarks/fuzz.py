@@ -1,4 +1,4 @@
-"""Fuzzes the record validators and the frame decoder for a while and counts inputs and crashes.
+"""Fuzzes the record validators, the frame decoder and the vote reader for a while and counts inputs and crashes.
 
     python fuzz.py --minutes 5        (from benchmarks/; writes its section of RESULTS.md)
 
@@ -21,7 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, 
 from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
 from hetswarm.protocol.identity import load_identity, peer_id_of  # noqa: E402
-from tests.helpers.fuzzing import check_frame, check_record, frame_inputs, record_inputs  # noqa: E402
+from tests.helpers.fuzzing import (  # noqa: E402
+    check_frame,
+    check_record,
+    check_votes,
+    frame_inputs,
+    record_inputs,
+    vote_inputs,
+)
 
 
 def fuzz(name: str, strategy, check, seconds: float) -> dict:
@@ -55,21 +62,22 @@ class _Done(Exception):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=5.0, help="total time, split between the two targets")
+    parser.add_argument("--minutes", type=float, default=5.0, help="total time, split between the targets")
     args = parser.parse_args()
     logging.getLogger("hetswarm").setLevel(logging.ERROR)  # every refusal is logged; the counts say it here
-    seconds = args.minutes * 60 / 2
+    seconds = args.minutes * 60 / 3
     with tempfile.TemporaryDirectory() as folder:
         key = load_identity(Path(folder) / "fuzz.key")
         results = {
             "record validators": fuzz("records", record_inputs(peer_id_of(key.get_public_key())),
                                       lambda value: check_record(value, key), seconds),
             "frame decoder": fuzz("frames", frame_inputs(), check_frame, seconds),
+            "vote reader": fuzz("votes", vote_inputs(key), check_votes, seconds),
         }
     rows = "\n".join(f"| {name} | {r['inputs']} | {r['accepted']} | {r['inputs'] - r['accepted'] - r['crashes']} | "
                      f"{r['crashes']} |" for name, r in results.items())
-    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, half per target (random values and mutations of a "
-                f"valid record or frame; tests/helpers/fuzzing.py).\n\n"
+    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, a third per target (random values and mutations of "
+                f"a valid record, frame or vote message; tests/helpers/fuzzing.py).\n\n"
                 f"| target | inputs | accepted | refused | crashes |\n|---|---|---|---|---|\n{rows}\n")
     print(markdown)
     write_section("Fuzzing", markdown)

@@ -56,6 +56,11 @@ def commit_namespace(swarm: str, version: int) -> str:
     return f"{stage_namespace(swarm)}_commit_v{version}"
 
 
+def round_tag(swarm: str, version: int, stage: int) -> str:
+    """Names one stage of one plan: its all-reduce rounds' group ids and the salt of its replica checks."""
+    return f"{check_swarm_name(swarm)}/v{version}/stage{stage}"
+
+
 def tied_namespace(swarm: str) -> str:
     """Handlers of the all-reduce that keeps the first and last stages' copies of a tied embedding matrix equal."""
     return f"{check_swarm_name(swarm)}_tied_allreduce"

@@ -88,7 +88,8 @@ class ModelConfig:
             if getattr(self, field) < 1:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)} in model {self.name!r}")
         if self.n_layers > MAX_LAYERS:
-            raise ConfigError(f"model {self.name!r} has {self.n_layers} layers, more than the {MAX_LAYERS} records allow")
+            raise ConfigError(f"model {self.name!r} has {self.n_layers} layers, more than the {MAX_LAYERS} records "
+                              "allow")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads} in {self.name!r}")
         if self.architecture not in ("gpt2", "llama"):

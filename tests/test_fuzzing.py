@@ -1,12 +1,21 @@
-"""The record validators and the frame decoder answer random and mutated input with a verdict, never a crash
-(tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
+"""The record validators, the frame decoder and the vote reader answer random and mutated input with a verdict,
+never a crash (tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from tests.helpers.fuzzing import check_frame, check_record, frame_inputs, record_inputs, valid_frame
+from tests.helpers.fuzzing import (
+    check_frame,
+    check_record,
+    check_votes,
+    frame_inputs,
+    record_inputs,
+    valid_frame,
+    valid_votes,
+    vote_inputs,
+)
 
 EXAMPLES = 1000
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -40,6 +49,20 @@ def test_frame_decoder_answers_every_input_with_a_verdict():
     @given(frame_inputs())
     def run(messages):
         outcomes.append(check_frame(messages))
+
+    run()
+    assert len(outcomes) == EXAMPLES and not all(outcomes)
+
+
+def test_vote_reader_answers_every_input_with_a_verdict(identity):
+    key, _ = identity
+    assert check_votes(valid_votes(key))  # the unmutated message holds a genuine vote
+    outcomes = []
+
+    @FUZZ
+    @given(vote_inputs(key))
+    def run(message):
+        outcomes.append(check_votes(message))
 
     run()
     assert len(outcomes) == EXAMPLES and not all(outcomes)

@@ -3,7 +3,7 @@
 Three real p2p daemons in this process, one ReplicaSync each: two replicas hold one state, the third another.
 A replica that reports the majority's hash but sends other bytes is not believed: the repair takes the state from
 a replica whose bytes have the hash, or, when none sends them, keeps its own. Ties between hashes are broken by
-a hash no replica chooses, not by the replicas' peer ids.
+a lottery salted by the plan and the step, not by the lowest peer id.
 """
 import asyncio
 
@@ -39,7 +39,8 @@ async def _check(liars: int) -> tuple[list[bool], list[torch.nn.Module]]:
         members = [p2p.peer_id for p2p in p2ps]
         modules = [build_stage(TINY, 0, 2, seed=seed) for seed in (0, 0, 1)]
         syncs = [ReplicaSync(p2p, members, module, StageConfig().build_optimizer(module.parameters()),
-                             namespace="rs-test", timeout_s=10.0) for p2p, module in zip(p2ps, modules)]
+                             namespace="rs-test", round_tag="rs-test/v1/stage0", timeout_s=10.0)
+                 for p2p, module in zip(p2ps, modules)]
         for sync in syncs[:liars]:
             lie(sync)
         for sync in syncs:
@@ -61,8 +62,9 @@ def test_a_differing_replica_takes_the_majoritys_state_only_from_a_holder_whose_
         assert torch.equal(got, expected if repaired else before)
 
 
-def test_the_majority_wins_and_a_tie_is_not_decided_by_who_holds_what():
-    assert majority_digest(["b", "a", "b"], salt="s") == "b"
-    tie = majority_digest(["a", "b"], salt="step 3")
-    assert majority_digest(["b", "a"], salt="step 3") == tie  # the holders' order (their ids) does not matter
-    assert {majority_digest(["a", "b"], salt=f"step {step}") for step in range(20)} == {"a", "b"}  # nor is it fixed
+def test_the_majority_wins_and_a_tie_goes_by_a_lottery_no_identity_can_rig():
+    assert majority_digest({"Qm1": "b", "Qm2": "a", "Qm3": "b"}, salt="s") == "b"
+    tie = {"Qm1": "a", "Qm2": "b"}  # Qm1, the lower id, would win every tie by id
+    winners = {majority_digest(tie, salt=f"swarm/v1/stage0/replicas after step {step}") for step in range(20)}
+    assert winners == {"a", "b"}
+    assert majority_digest(tie, salt="x") == majority_digest(dict(reversed(tie.items())), salt="x")  # any order

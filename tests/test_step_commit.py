@@ -1,20 +1,32 @@
 """The commit vote (client/training/step_commit.py) over real p2p daemons: every member decides the same, a failure
 vote aborts everyone, a silent member leaves the outcome unknown, and a member decides once the votes it holds
 decide, without waiting for the answers to its own pushes (a round trip to the farthest member, on every step) — yet
-a member that decides last and leaves at once still leaves its vote with the others."""
+a member that decides last and leaves at once still leaves its vote with the others. Votes are signed: a relayed vote
+its member did not sign is refused and its relayer named, and votes far from the board's step are not kept."""
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.client.training.step_commit import CommitBoard
-from tests.helpers.p2p_nodes import connected_p2ps
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.votes import VoteMessage, signed_vote
+from tests.helpers.p2p_nodes import keyed_p2ps
 
 pytestmark = pytest.mark.swarm
 
 NAMESPACE = "commit-test_commit_v1"
 SLOW_ANSWER_S = 3.0
+
+
+def _boards(peers: list[tuple[P2P, RSAPrivateKey]]) -> list[CommitBoard]:
+    members = [p2p.peer_id for p2p, _ in peers]
+    return [CommitBoard(p2p, members, namespace=NAMESPACE, private_key=key) for p2p, key in peers]
 
 
 def _answer_late(board: CommitBoard) -> None:
@@ -34,9 +46,8 @@ async def _decide(votes: list[bool | None], *, slow: int | None = None, timeout_
                   ) -> list[tuple[bool | BaseException, float]]:
     """Each member casts its vote (None: never votes) for step 4, attempt 0; returns each voter's decision or error
     and the seconds it took."""
-    async with connected_p2ps(len(votes)) as p2ps:
-        members = [p2p.peer_id for p2p in p2ps]
-        boards = [CommitBoard(p2p, members, namespace=NAMESPACE) for p2p in p2ps]
+    async with keyed_p2ps(len(votes)) as peers:
+        boards = _boards(peers)
         if slow is not None:
             _answer_late(boards[slow])
         for board in boards:
@@ -80,9 +91,8 @@ def test_a_member_that_never_votes_leaves_the_outcome_unknown_and_is_named():
 
 
 async def _last_voter_leaves_at_once() -> list[bool | BaseException]:
-    async with connected_p2ps(3) as p2ps:
-        members = [p2p.peer_id for p2p in p2ps]
-        boards = [CommitBoard(p2p, members, namespace=NAMESPACE) for p2p in p2ps]
+    async with keyed_p2ps(3) as peers:
+        boards = _boards(peers)
         for board in boards:
             await board.attach()
         waiting = [asyncio.create_task(board.decide((4, 0), True, timeout_s=5.0)) for board in boards[:2]]
@@ -99,3 +109,48 @@ async def _last_voter_leaves_at_once() -> list[bool | BaseException]:
 @pytest.mark.timeout(60)
 def test_a_member_that_decides_last_and_leaves_at_once_still_delivers_its_vote():
     assert asyncio.run(_last_voter_leaves_at_once()) == [True, True]
+
+
+async def _forged_relays() -> tuple[list[bool], CommitBoard, str, bytes, bytes]:
+    """Member 2 relays to member 1 a failure vote of member 0 (signed by itself, then under member 0's key with its
+    own signature), and both votes of its own; then everyone votes success."""
+    async with keyed_p2ps(3) as peers:
+        boards = _boards(peers)
+        for board in boards:
+            await board.attach()
+        (_, honest_key), (target, _), (relayer, relayer_key) = peers
+        victim = peers[0][0].peer_id.to_base58()
+        under_own_key = signed_vote(relayer_key, namespace=NAMESPACE, step=4, attempt=0, ok=False)
+        unsigned = signed_vote(honest_key, namespace=NAMESPACE, step=4, attempt=0, ok=True).copy(
+            update={"ok": False})  # its key, a signature over the other vote
+        stub = CommitBoard.get_stub(relayer, target.peer_id, namespace=NAMESPACE)
+        for vote in (under_own_key.copy(update={"peer": victim}), unsigned):
+            message = VoteMessage(step=4, attempt=0, votes=[vote]).json().encode()
+            await stub.rpc_exchange(runtime_pb2.ExpertRequest(metadata=message))
+        far = VoteMessage(step=4 + 10**6, attempt=0, votes=[under_own_key]).json().encode()
+        boards[1].prune(4)
+        answer = await stub.rpc_exchange(runtime_pb2.ExpertRequest(metadata=far))
+        outcomes = await asyncio.gather(*(board.decide((4, 0), True, timeout_s=10.0) for board in boards))
+        for board in boards:
+            await board.detach()
+        return list(outcomes), boards[1], relayer.peer_id, answer.metadata, boards[1]._encode((4, 0))
+
+
+@pytest.mark.timeout(60)
+def test_a_relayed_vote_its_member_did_not_sign_is_refused_and_the_relayer_named():
+    outcomes, target, relayer, far_answer, held = asyncio.run(_forged_relays())
+    assert outcomes == [True, True, True]  # the forged failures aborted nothing
+    assert "did not sign" in target.forgeries[relayer] or "another peer's key" in target.forgeries[relayer]
+    assert far_answer == b""  # votes a million steps ahead: refused, nothing kept
+    assert all(key[0] == 4 for key in target._votes) and len(VoteMessage.parse_raw(held).votes) == 3
+
+
+def test_a_member_that_signs_both_votes_is_named_and_its_first_vote_stands(tmp_path):
+    keys = [load_identity(tmp_path / f"peer{index}.key") for index in range(2)]
+    ids = [PeerID.from_base58(peer_id_of(key.get_public_key())) for key in keys]
+    board = CommitBoard(SimpleNamespace(peer_id=ids[0]), ids, namespace=NAMESPACE, private_key=keys[0])
+    success, failure = (signed_vote(keys[1], namespace=NAMESPACE, step=4, attempt=0, ok=ok) for ok in (True, False))
+    board.record((4, 0), [success], relayer=ids[1])
+    board.record((4, 0), [failure], relayer=ids[0])
+    assert "signed both votes" in board.forgeries[ids[1]]
+    assert board.outcome((4, 0)) is None  # its success stands; this member's own vote is still to come

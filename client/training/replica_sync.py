@@ -1,14 +1,14 @@
 """Replica consistency: the replicas of a stage hold the same parameters and optimizer state, or are made to.
 
-After a committed step that calls for it (every ``StageConfig.check_every`` steps, and after any step that needed
-a retry: the same steps on every peer, since commit decisions are the same everywhere), each replica hashes its
+After a committed step that calls for it (every ``StageConfig.check_every`` steps, and after any step that needed a
+retry: the same steps on every peer, since commit decisions are the same everywhere), each replica hashes its
 parameters and optimizer state (SHA-256 of their deterministic encoding), keeps that encoding, and asks every other
-replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by
-the most replicas, ties broken by a hash of the step and the digest, which no replica chooses
+replica of its stage for its hash of the same step (``rpc_digest``). The chosen state is the hash held by the most
+replicas, ties broken by a lottery drawn from the plan, the step and the replicas' ids, which no replica can rig
 (stage_state.majority_digest); all replicas choose the same one. A replica whose hash differs loads the chosen state
 from a replica holding it (``rpc_state``, streamed in 1 MiB parts), checks that what came has the chosen hash (else
-it asks the next holder, and keeps its own state when none sends it), logs a warning and counts a resync. The
-state and its hash are those of client/training/stage_state.py.
+it asks the next holder, and keeps its own state when none sends it), logs a warning and counts a resync. The state
+and its hash are those of client/training/stage_state.py.
 
 Replicas cannot drift while checking: a replica that has checked step N may start step N + 1, but cannot apply
 it before every member has voted, so its state (and its snapshot) is still that of step N when asked.
@@ -26,18 +26,27 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, majority_digest
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "check_salt"]
 
 logger = logging.getLogger(__name__)
 
+
+
+def check_salt(round_tag: str, step: int) -> str:
+    """What salts the tie-break of the check after `step` (stage_state.majority_digest)."""
+    return f"{round_tag}/replicas after step {step}"
 
 
 class ReplicaSync(ServicerBase):
     """Compares this replica's state with the other replicas of its stage, and repairs it when it differs."""
 
     def __init__(self, p2p: P2P, members: Sequence[PeerID], module: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, *, namespace: str, timeout_s: float) -> None:
-        self.p2p, self.namespace, self.timeout_s = p2p, namespace, timeout_s
+                 optimizer: torch.optim.Optimizer, *, namespace: str, round_tag: str, timeout_s: float) -> None:
+        """
+        Args:
+            round_tag: names the plan and the stage (as StageGroup's): with the step, it salts the tie-break.
+        """
+        self.p2p, self.namespace, self.round_tag, self.timeout_s = p2p, namespace, round_tag, timeout_s
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.module, self.optimizer = module, optimizer
         self._checked: dict[int, tuple[bytes, bytes]] = {}  # step -> (digest, encoded state)
@@ -62,7 +71,8 @@ class ReplicaSync(ServicerBase):
             logger.warning(f"Replica check of step {step} skipped: not every replica told its state hash")
             return False
         holders = dict(zip(others, answers)) | {self.p2p.peer_id: mine}
-        chosen = majority_digest(holders.values(), salt=f"replicas after step {step}")
+        chosen = majority_digest({peer.to_base58(): digest for peer, digest in holders.items()},
+                                 salt=check_salt(self.round_tag, step))
         if chosen == mine:
             return False
         sources = [peer for peer in self.members if holders[peer] == chosen]

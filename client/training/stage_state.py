@@ -19,8 +19,9 @@ import hashlib
 import json
 import struct
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -28,6 +29,8 @@ from hetswarm.protocol.errors import RejectedInput
 
 __all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_of",
            "units_of_layers"]
+
+Digest = TypeVar("Digest", str, bytes)
 
 _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)}
 _HEADER = struct.Struct("<I")
@@ -129,16 +132,17 @@ def merged(part: StageState | None, other: StageState | None) -> StageState | No
     return part.merge(other)
 
 
-def majority_digest(digests: Iterable[str | bytes], *, salt: str) -> str | bytes:
-    """The digest most holders report; among equally many, the one whose hash with `salt` (the step and what is
-    compared, which no holder chooses) is lowest. A tie-break by the holders' peer ids would let anyone who grinds
-    a low id win every tie."""
-    counts = Counter(digests)
+def majority_digest(holdings: Mapping[str, Digest], *, salt: str) -> Digest:
+    """The digest most holders (peer ids, base58) report; among equally many, the one held by the winner of a lottery
+    drawn by hashing `salt` with each holder's id. The salt names the plan and the step, which no peer knows when it
+    makes its identity: a tie-break by the lowest peer id would let anyone who grinds a low id win every tie."""
+    counts = Counter(holdings.values())
 
-    def tie_break(digest: str | bytes) -> bytes:
-        return hashlib.sha256(salt.encode() + (digest.encode() if isinstance(digest, str) else digest)).digest()
+    def ticket(holder: str) -> bytes:
+        return hashlib.sha256(f"{salt}\0{holder}".encode()).digest()
 
-    return min(counts, key=lambda digest: (-counts[digest], tie_break(digest)))
+    return min(counts, key=lambda digest: (-counts[digest], min(ticket(holder) for holder, held in holdings.items()
+                                                                  if held == digest)))
 
 
 def byte_parts(blob: bytes) -> Iterator[bytes]:

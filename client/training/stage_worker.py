@@ -49,6 +49,7 @@ from typing import Literal
 
 import torch
 from hivemind.p2p import P2P, PeerID
+from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.activation_deltas import buffer_bytes
 from hetswarm.client.training.data import TokenSource, sequences_per_micro_batch
@@ -63,9 +64,16 @@ from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import allreduce_namespace, commit_namespace, replica_namespace, stage_namespace
+from hetswarm.protocol.identity import peer_id_of
+from hetswarm.protocol.keys import (
+    allreduce_namespace,
+    commit_namespace,
+    replica_namespace,
+    round_tag,
+    stage_namespace,
+)
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
-from hetswarm.protocol.records import Assignment, PeerId
+from hetswarm.protocol.records import Assignment
 
 __all__ = ["StageConfig", "StageWorker", "StepReport", "check_data", "in_thread", "start_stage"]
 
@@ -554,20 +562,22 @@ def _eval_every(assignment: Assignment, data: TokenSource) -> int:
 
 
 async def start_stage(
-    assignment: Assignment, me: PeerId, *, p2p: P2P, swarm: str, device: torch.device | str, data: TokenSource,
-    seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
+    assignment: Assignment, identity: RSAPrivateKey, *, p2p: P2P, swarm: str, device: torch.device | str,
+    data: TokenSource, seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
     model_dir: Path | None = None,
 ) -> StageWorker:
     """Builds this peer's stage of the plan, serving its neighbour streams and its group, once all its peers answer.
 
-    Every peer of the swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start
-    from identical weights and the two ends of a pipeline draw the same micro-batches. A model that starts from a
-    Hugging Face folder's weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
+    `identity` is this peer's key (``p2p``'s peer id is its): it signs the peer's commit votes. Every peer of the
+    swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start from identical weights and
+    the two ends of a pipeline draw the same micro-batches. A model that starts from a Hugging Face folder's
+    weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
 
     Raises:
-        StageError: ``me`` has no role in the assignment, its peers did not come up in time, ``data`` is not the
-            plan's, or ``model_dir`` is not the folder the plan's model starts from.
+        StageError: this peer has no role in the assignment, its peers did not come up in time, ``data`` is not
+            the plan's, or ``model_dir`` is not the folder the plan's model starts from.
     """
+    me = peer_id_of(identity.get_public_key())
     if me not in assignment.roles:
         raise StageError(f"{me} has no role in assignment version {assignment.version}")
     role, device = assignment.roles[me], torch.device(device)
@@ -591,18 +601,18 @@ async def start_stage(
         _check_deltas(plan, config)
     streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s)
     members = [PeerID.from_base58(pipeline[role.stage]) for pipeline in assignment.pipelines]  # stage replicas
-    group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage),
-                       round_tag=f"{swarm}/v{assignment.version}/stage{role.stage}",
+    tag = round_tag(swarm, assignment.version, role.stage)
+    group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
                        aggregation=assignment.aggregation, codec=wire.allreduce)
 
     everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
-    board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version))
+    board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version), private_key=identity)
     tied = TiedMatrix.of_plan(module, assignment, p2p=p2p, swarm=swarm, sender_timeout_s=config.sender_timeout_s,
                               reducer_timeout_s=config.reducer_timeout_s)
     optimizer = config.build_optimizer(module.parameters())
     replicas = ReplicaSync(p2p, members, module, optimizer, namespace=replica_namespace(swarm, role.stage),
-                           timeout_s=config.commit_timeout_s)
+                           round_tag=tag, timeout_s=config.commit_timeout_s)
 
     streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
     worker = StageWorker(module, streams=streams, group=group, board=board, replicas=replicas, data=data,

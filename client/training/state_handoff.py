@@ -11,9 +11,9 @@ ask, then stream the state in bounded parts. Here the state is asked for unit by
 client/training/stage_state.py), so that a stage of a new cut can be assembled from holders of the old one, and
 several holders can serve different units at once. First every candidate says which of the units it holds at the
 step, with the SHA-256 and size of each (``rpc_state_info``); for each unit the digest reported by the most holders
-is chosen (ties: by a hash no holder chooses), each unit is streamed from one of its holders (``rpc_state_unit``, 1 MiB
-parts, never more than the size announced), checked against the digest, and taken from the next holder when it
-does not match or the holder fails.
+is chosen (ties: by a lottery no holder can rig, stage_state.majority_digest), each unit is streamed from one of its
+holders (``rpc_state_unit``, 1 MiB parts, never more than the size announced), checked against the digest, and taken
+from the next holder when it does not match or the holder fails.
 """
 from __future__ import annotations
 
@@ -251,7 +251,8 @@ async def _holders(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: 
     for unit in units:
         offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
         if offers:
-            chosen = majority_digest((digest for _, (digest, _size) in offers), salt=f"step {step}, {unit}")
+            chosen = majority_digest({peer.to_base58(): digest for peer, (digest, _size) in offers},
+                                     salt=f"{namespace}/step {step}/{unit}")
             holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
                                    key=lambda offer: offer[0].to_base58())
     return holders

@@ -22,19 +22,22 @@ the farthest member later. Until it can decide, it pulls from the members whose 
 peer that cannot decide by the deadline (a member died before anyone heard its vote) raises ``CommitUnknown``:
 it neither commits nor retries, and waits for a new plan.
 
-The board keeps the votes of the last few steps, so a peer that has moved on still answers a slower one.
-Relayed votes are trusted as the plan's members are; a member's own vote is taken only from itself or a relay.
+The board keeps the votes of the last few steps, so a peer that has moved on still answers a slower one. Every vote
+travels with its member's signature (protocol/votes.py), relayed or not: a vote its member did not sign is refused
+and whoever relayed it is named (`forgeries`), and a member that signed both votes for one attempt is named too (its
+first vote stands). A board holds votes for a bounded number of keys, near the step it is at.
 """
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
+from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.errors import CommitUnknown
+from hetswarm.protocol.votes import SignedVote, VoteMessage, forgery, read_votes, signed_vote
 
 __all__ = ["CommitBoard", "StepKey"]
 
@@ -46,19 +49,30 @@ StepKey = tuple[int, int]
 _KEEP_STEPS = 3
 _POLL_MIN_S, _POLL_MAX_S = 0.02, 0.5
 _CALL_TIMEOUT_S = 5.0
-_MAX_REQUEST_BYTES = 64 * 1024
+_MAX_KEYS = 4 * _KEEP_STEPS + 8
+"""Keys (step, attempt) a board holds votes for: a member cannot make it keep votes for any number of them."""
+_STEPS_AHEAD = 2
+"""How far past the step a board is at a vote may be (a neighbour that finished first is one step ahead)."""
 
 
 class CommitBoard(ServicerBase):
     """This peer's view of the votes of the plan's members; namespaced per swarm and assignment."""
 
-    def __init__(self, p2p: P2P, members: Sequence[PeerID], *, namespace: str) -> None:
+    def __init__(self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, private_key: RSAPrivateKey) -> None:
+        """
+        Args:
+            private_key: this peer's identity (p2p's peer id is its), which signs its votes.
+        """
         if p2p.peer_id not in members:
             raise ValueError(f"{p2p.peer_id} is not among the plan's members {list(map(str, members))}")
-        self.p2p, self.namespace = p2p, namespace
+        self.p2p, self.namespace, self.private_key = p2p, namespace, private_key
         self.members = frozenset(members)
         self._by_name = {peer.to_base58(): peer for peer in members}
-        self._votes: dict[StepKey, dict[PeerID, bool]] = {}
+        self._votes: dict[StepKey, dict[PeerID, SignedVote]] = {}
+        self._step: int | None = None
+        """The step this board is at (`prune`); None before its first."""
+        self.forgeries: dict[PeerID, str] = {}
+        """Peers that relayed a vote its member did not sign, or signed both votes for one attempt: the last, why."""
         self._changed = asyncio.Event()
         self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
         """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote
@@ -76,21 +90,31 @@ class CommitBoard(ServicerBase):
             call.cancel()
         await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
-    def record(self, key: StepKey, votes: Mapping[PeerID, bool]) -> None:
-        """Merges votes; a member's first vote for a key stands (a contradicting one is logged and ignored)."""
+    def record(self, key: StepKey, votes: Iterable[SignedVote], *, relayer: PeerID) -> None:
+        """Merges the votes `relayer` brought that their members signed; a member's first vote for a key stands."""
         known = self._votes.setdefault(key, {})
-        for peer, vote in votes.items():
-            if peer not in self.members:
+        for vote in votes:
+            if (peer := self._by_name.get(vote.peer)) is None:
                 continue
-            if known.setdefault(peer, vote) != vote:
-                logger.warning(f"{peer} is reported with both votes for step {key[0]}, attempt {key[1]}; "
-                               f"keeping {known[peer]}")
+            held = known.get(peer)
+            if held is not None and held.signature == vote.signature:
+                continue  # checked when it first came
+            if (why := forgery(vote, namespace=self.namespace, step=key[0], attempt=key[1])) is not None:
+                self._name(relayer, f"relayed {why}", key)
+            elif held is None:
+                known[peer] = vote
+            elif held.ok != vote.ok:
+                self._name(peer, f"signed both votes (kept {'success' if held.ok else 'failure'})", key)
         self._changed.set()
+
+    def _name(self, peer: PeerID, why: str, key: StepKey) -> None:
+        self.forgeries[peer] = why
+        logger.warning(f"{peer} {why} for step {key[0]}, attempt {key[1]}; refused")
 
     def outcome(self, key: StepKey) -> bool | None:
         """False once any member voted failure, True once every member voted success, else None."""
         known = self._votes.get(key, {})
-        if not all(known.values()):
+        if not all(vote.ok for vote in known.values()):
             return False
         return True if len(known) == len(self.members) else None
 
@@ -101,7 +125,8 @@ class CommitBoard(ServicerBase):
             await self._changed.wait()
 
     def prune(self, step: int) -> None:
-        """Forgets votes of steps before ``step - _KEEP_STEPS``."""
+        """Moves the board to `step`: forgets votes of steps before ``step - _KEEP_STEPS``."""
+        self._step = step
         for key in [key for key in self._votes if key[0] < step - _KEEP_STEPS]:
             del self._votes[key]
 
@@ -111,7 +136,8 @@ class CommitBoard(ServicerBase):
         Raises:
             CommitUnknown: some member's vote could not be learnt within ``timeout_s``, and no failure is known.
         """
-        self.record(key, {self.p2p.peer_id: vote})
+        mine = signed_vote(self.private_key, namespace=self.namespace, step=key[0], attempt=key[1], ok=vote)
+        self.record(key, [mine], relayer=self.p2p.peer_id)
         others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
         for peer in others:  # push our vote to everyone
             self._call(peer, key)
@@ -144,7 +170,7 @@ class CommitBoard(ServicerBase):
         try:
             response = await stub.rpc_exchange(runtime_pb2.ExpertRequest(metadata=self._encode(key)),
                                                timeout=_CALL_TIMEOUT_S)
-            self._merge(response.metadata, key)
+            self._merge(response.metadata, key, sender=peer)
         except Exception as e:  # unreachable for now: the decision loop asks again
             logger.debug(f"Vote exchange with {peer} for {key} failed: {e!r}", exc_info=True)
 
@@ -155,30 +181,29 @@ class CommitBoard(ServicerBase):
             logger.warning(f"Refused votes from {context.remote_id}: not a member of this plan")
             return runtime_pb2.ExpertResponse()
         try:
-            key = self._merge(request.metadata, None)
+            key = self._merge(request.metadata, None, sender=context.remote_id)
         except ValueError as e:
             logger.warning(f"Refused votes from {context.remote_id}: {e}")
             return runtime_pb2.ExpertResponse()
         return runtime_pb2.ExpertResponse(metadata=self._encode(key))
 
     def _encode(self, key: StepKey) -> bytes:
-        votes = {peer.to_base58(): vote for peer, vote in self._votes.get(key, {}).items()}
-        return json.dumps({"step": key[0], "attempt": key[1], "votes": votes}).encode()
+        votes = list(self._votes.get(key, {}).values())
+        return VoteMessage(step=key[0], attempt=key[1], votes=votes).json().encode()
 
-    def _merge(self, metadata: bytes, expected: StepKey | None) -> StepKey:
-        """Records the votes in a peer's message; returns its key. Raises ValueError on a malformed message."""
-        if len(metadata) > _MAX_REQUEST_BYTES:
-            raise ValueError(f"vote message of {len(metadata)} bytes")
-        try:
-            message = json.loads(metadata)
-            key = (message["step"], message["attempt"])
-            votes = message["votes"]
-            if not (all(type(x) is int and x >= 0 for x in key) and isinstance(votes, dict)
-                    and all(type(v) is bool for v in votes.values())):
-                raise TypeError("bad field types")
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"malformed vote message: {e!r}") from None
+    def _merge(self, metadata: bytes, expected: StepKey | None, *, sender: PeerID) -> StepKey:
+        """Records the votes in a peer's message; returns its key.
+
+        Raises:
+            ValueError: a malformed or oversized message, or one for a key this board does not take.
+        """
+        message = read_votes(metadata)
+        key = (message.step, message.attempt)
         if expected is not None and key != expected:
             raise ValueError(f"answer for {key}, asked about {expected}")
-        self.record(key, {self._by_name[name]: vote for name, vote in votes.items() if name in self._by_name})
+        if self._step is not None and not self._step - _KEEP_STEPS <= key[0] <= self._step + _STEPS_AHEAD:
+            raise ValueError(f"votes for step {key[0]}, this board is at step {self._step}")
+        if key not in self._votes and len(self._votes) >= _MAX_KEYS:
+            raise ValueError(f"votes for step {key[0]}, attempt {key[1]}: already {_MAX_KEYS} attempts held")
+        self.record(key, message.votes, relayer=sender)
         return key

@@ -247,7 +247,7 @@ class Trainer:
         logger.debug(f"Peers on version {assignment.version} after {asyncio.get_running_loop().time() - started:.1f} s")
         state = await self._state_for(assignment, role)
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_worker.py)
-            assignment, self.node.peer_id, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
+            assignment, self.node.private_key, p2p=self.node.p2p, swarm=self.node.config.swarm, device=self.device,
             data=self.data, seed=self.seed, config=self.config.stage, emulated_tflops=self.config.emulated_tflops,
             model_dir=self.config.model_dir)
         if state is not None:

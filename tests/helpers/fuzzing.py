@@ -1,5 +1,6 @@
-"""Fuzz targets of the two parsers that take bytes from strangers: the record validators every DHT node runs
-(protocol/signing.py, with the schemas of protocol/records.py) and the frame decoder (protocol/framing.py).
+"""Fuzz targets of the parsers that take bytes from strangers: the record validators every DHT node runs
+(protocol/signing.py, with the schemas of protocol/records.py), the frame decoder (protocol/framing.py) and the
+commit votes' reader and signature check (protocol/votes.py).
 
 A target passes when the parser answers every input with a verdict (a bool, a ValidationError, a FrameError)
 and never with another exception. tests/test_fuzzing.py runs them for a bounded number of inputs;
@@ -25,6 +26,7 @@ from hetswarm.protocol.keys import dht_key
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
 from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
 from hetswarm.protocol.signing import make_validators
+from hetswarm.protocol.votes import VoteMessage, forgery, read_votes, signed_vote
 from hetswarm.protocol.wire_format import CODECS, DELTA_CODECS, Codec
 
 SWARM = "fuzz"
@@ -167,3 +169,48 @@ def check_frame(messages: list[runtime_pb2.ExpertRequest]) -> bool:
         assert not math.isnan(tensor.sum())
         taken = True
     return taken
+
+
+
+# ---- commit votes --------------------------------------------------------------------------------------------
+
+VOTE_NAMESPACE = "fuzz_commit_v1"
+
+
+def valid_votes(key: RSAPrivateKey) -> bytes:
+    """A vote message with one genuine vote of `key`'s peer for step 5, attempt 1."""
+    vote = signed_vote(key, namespace=VOTE_NAMESPACE, step=5, attempt=1, ok=True)
+    return VoteMessage(step=5, attempt=1, votes=[vote]).json().encode()
+
+
+@st.composite
+def vote_inputs(draw, key: RSAPrivateKey) -> bytes:
+    """A genuine vote message with bytes flipped, fields replaced, or votes copied, forged and multiplied."""
+    message = json.loads(valid_votes(key))
+    vote = message["votes"][0]
+    match draw(st.sampled_from(["bytes", "field", "vote", "copies", "raw"])):
+        case "bytes":
+            raw = valid_votes(key)
+            for _ in range(draw(st.integers(1, 8))):
+                raw = _flip(raw, draw(st.integers(0, 10**6)), draw(st.integers(0, 255)))
+            return raw
+        case "field":
+            message[draw(st.sampled_from(["step", "attempt", "votes", "x"]))] = draw(values)
+        case "vote":
+            vote[draw(st.sampled_from(["peer", "ok", "public_key", "signature", "x"]))] = draw(values)
+        case "copies":
+            message["votes"] = [vote] * draw(st.integers(0, 600))
+        case "raw":
+            return draw(st.binary(max_size=2000))
+    return json.dumps(message, allow_nan=True, default=str).encode()
+
+
+def check_votes(message: bytes) -> bool:
+    """True if the message parses and holds a genuine vote, False if refused or only forged; any other exception
+    propagates."""
+    try:
+        parsed = read_votes(message)
+    except ValueError:
+        return False
+    return any(forgery(vote, namespace=VOTE_NAMESPACE, step=parsed.step, attempt=parsed.attempt) is None
+               for vote in parsed.votes)

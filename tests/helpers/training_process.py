@@ -18,6 +18,7 @@ from pathlib import Path
 
 import hivemind
 import torch
+from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.local.preimported import SERVER
 from hetswarm.client.training.data import TokenSource
@@ -148,16 +149,17 @@ def run_training_process(job: TrainJob) -> None:
     try:
         if job.torch_threads is not None:
             torch.set_num_threads(job.torch_threads)
-        results = asyncio.run(_train(dht, job, peer_id_of(key.get_public_key())))
+        results = asyncio.run(_train(dht, job, key))
         torch.save(results, job.output_path)
     finally:
         dht.shutdown()
 
 
-async def _train(dht: hivemind.DHT, job: TrainJob, me: str) -> dict:
+async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     p2p = await dht.replicate_p2p()
     data = TokenSource.from_path(job.data_path, seed=job.data_seed)
-    worker = await start_stage(job.assignment, me, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
+    me = peer_id_of(key.get_public_key())
+    worker = await start_stage(job.assignment, key, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
                                seed=job.seed, config=job.config, model_dir=job.model_dir)
     _inject(worker, job)
     reports: list[StepReport] = []
