@@ -1,11 +1,13 @@
 """Loss spikes: a step whose loss jumps far above the run's recent losses sends the swarm back to a checkpoint.
 
 A corrupted replica (a bit flip on a volunteer's GPU, a member that slipped poisoned values past the checks) can
-wreck the model in one step. The coordinator sees every pipeline's loss in the last stage's Progress records, each
-of which carries its last steps' too. When the worst pipeline's loss at a step exceeds `threshold` times the
-median of that over the `window` steps before it, the coordinator plans the same roles again from the newest
-complete checkpoint of a step whose loss it saw and found normal (coordinator/state_plan.py), and says so in the
-plan's reason. The spike's step and those before it are then settled: should the same data bring the same spike
+wreck the model in one step. The coordinator sees every pipeline's loss in its last stage's Progress records, each
+of which carries its last steps' too; only those members compute a loss, so only theirs count. When the losses of
+two pipelines (of the only one, in a plan of one) at a step exceed `threshold` times the recent median (over the
+`window` steps before it, of each step's median over pipelines), the coordinator plans the same roles again from
+the newest complete checkpoint of a step whose loss it saw and found normal (coordinator/state_plan.py), and says
+so in the plan's reason. One member's word cannot force a rollback: a lie about its own pipeline's loss moves no
+median and makes no second spike. The spike's step and those before it are then settled: should the same data bring the same spike
 again, it is a property of the run, not a fault, and training goes on.
 """
 from __future__ import annotations
@@ -44,6 +46,8 @@ class LossWatch:
     """Steps needed before any step can be judged."""
     _losses: dict[int, dict[str, float]] = field(default_factory=dict)
     """Step → last-stage member → its pipeline's loss."""
+    _pipelines: int = 1
+    """Pipelines of the plan watched: a spike needs min(2, this) of them."""
     _settled: int = -1
     """Steps up to here are not judged again (module docstring)."""
 
@@ -53,10 +57,13 @@ class LossWatch:
                               f"got {self.threshold}, {self.window} and {self.min_history}")
 
     def observe(self, plan: Assignment, progress: Mapping[str, Progress]) -> None:
-        """Takes in the losses the members of `plan` report, each record's recent steps included."""
+        """Takes in the losses the last-stage members of `plan` report, each record's recent steps included."""
+        self._pipelines = plan.d_dp
         for signer, record in progress.items():
-            if (signer == record.peer_id and signer in plan.roles and record.assignment_version == plan.version
-                    and record.health == "training" and record.loss is not None):
+            role = plan.roles.get(signer)
+            if (signer == record.peer_id and role is not None and role.stage == plan.d_pp - 1
+                    and record.assignment_version == plan.version and record.health == "training"
+                    and record.loss is not None):
                 recent = record.recent_losses or [record.loss]
                 for step, loss in enumerate(recent, start=record.step - len(recent) + 1):
                     if step >= plan.step:  # steps before the plan's start are another plan's
@@ -66,7 +73,7 @@ class LossWatch:
                 del self._losses[step]
 
     def spike(self) -> LossSpike | None:
-        """The earliest unsettled step whose mean loss is a spike, if any."""
+        """The earliest unsettled step at which enough pipelines' losses spike (module docstring), if any."""
         if self.threshold == 0:
             return None
         steps = sorted(self._losses)
@@ -74,10 +81,10 @@ class LossWatch:
             before = steps[max(0, index - self.window):index]
             if step <= self._settled or len(before) < self.min_history:
                 continue
-            median = statistics.median(max(self._losses[s].values()) for s in before)
-            loss = max(self._losses[step].values())
-            if loss > self.threshold * median:
-                return LossSpike(step=step, loss=loss, median=median, last_good=before[-1])
+            median = statistics.median(statistics.median(self._losses[s].values()) for s in before)
+            high = [loss for loss in self._losses[step].values() if loss > self.threshold * median]
+            if len(high) >= min(2, self._pipelines):
+                return LossSpike(step=step, loss=min(high), median=median, last_good=before[-1])
         return None
 
     def settle(self, spike: LossSpike, *, rolled_back_to: int | None, through_newest: bool = False) -> None:

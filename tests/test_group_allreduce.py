@@ -5,6 +5,7 @@ Faults are members that misbehave in a chosen way: dead before the round, or ali
 """
 import asyncio
 import enum
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -60,6 +61,24 @@ async def _round(fault: Fault) -> tuple[list[list[torch.Tensor]], list[BaseExcep
         return tensors, list(outcomes)
 
 
+async def _round_with_member_2(timeouts: dict[str, float], spoil: Callable[[list[torch.Tensor]], None] = lambda _: None,
+                               hostile: list | None = None, **options) -> tuple[list[list[torch.Tensor]], list, str]:
+    """One round of three members in which member 2 may misbehave: `spoil` changes its tensors before the round,
+    and its peer id goes into `hostile`, where a patched runner class looks for it. Returns every member's tensors
+    afterwards, what each member's round raised (None when it ended well), and member 2's id."""
+    async with connected_p2ps(3) as p2ps:
+        if hostile is not None:
+            hostile.append(p2ps[2].peer_id)
+        groups = _groups(p2ps, timeouts, **options)
+        for group in groups:
+            await group.attach()
+        tensors = [_tensors(seed) for seed in range(3)]
+        spoil(tensors[2])
+        outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
+                                        return_exceptions=True)
+        return tensors, list(outcomes), str(p2ps[2].peer_id)
+
+
 @pytest.mark.timeout(60)
 def test_full_round_averages_with_equal_weights():
     tensors, outcomes = asyncio.run(_round(Fault.NONE))
@@ -97,22 +116,15 @@ def test_a_group_of_one_keeps_its_tensors():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("poison", ["nan", "huge"])
 def test_a_member_that_sends_nan_or_huge_values_is_left_out_and_named_and_nobody_uses_the_round(poison):
-    async def poisoned() -> tuple[list[list[torch.Tensor]], list[BaseException | None], str]:
-        async with connected_p2ps(3) as p2ps:
-            groups = _groups(p2ps, PROMPT)
-            for group in groups:
-                await group.attach()
-            tensors = [_tensors(seed) for seed in range(3)]
-            for tensor in tensors[2]:  # every part of the attacker's contribution is poisoned
-                if poison == "nan":
-                    tensor.view(-1)[::2] = float("nan")
-                else:
-                    tensor.mul_(1e6)  # finite, but a million times an honest member's
-            outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
-                                            return_exceptions=True)
-            return tensors[:2], list(outcomes), str(p2ps[2].peer_id)
+    def poisoned(tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:  # every part of the attacker's contribution is poisoned
+            if poison == "nan":
+                tensor.view(-1)[::2] = float("nan")
+            else:
+                tensor.mul_(1e6)  # finite, but a million times an honest member's
 
-    honest, outcomes, attacker = asyncio.run(poisoned())
+    tensors, outcomes, attacker = asyncio.run(_round_with_member_2(PROMPT, poisoned))
+    honest = tensors[:2]
     # the attacker's round too: left out, it gets no averages, not even by asking a reducer again
     assert all(isinstance(outcome, PartialAllReduce) for outcome in outcomes), outcomes
     assert all(attacker in map(str, outcome.peers) for outcome in outcomes[:2]), [o.peers for o in outcomes[:2]]
@@ -142,18 +154,8 @@ def test_a_reducer_that_answers_nan_or_scaled_averages_is_named_and_nobody_appli
 
     monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Lying)
 
-    async def lied_to() -> tuple[list[list[torch.Tensor]], list[BaseException | None], str]:
-        async with connected_p2ps(3) as p2ps:
-            hostile.append(p2ps[2].peer_id)
-            groups = _groups(p2ps, PROMPT)
-            for group in groups:
-                await group.attach()
-            tensors = [_tensors(seed) for seed in range(3)]
-            outcomes = await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)),
-                                            return_exceptions=True)
-            return tensors[:2], list(outcomes), str(p2ps[2].peer_id)
-
-    honest, outcomes, liar = asyncio.run(lied_to())
+    tensors, outcomes, liar = asyncio.run(_round_with_member_2(PROMPT, hostile=hostile))
+    honest = tensors[:2]
     for outcome in outcomes[:2]:
         assert isinstance(outcome, PartialAllReduce) and liar in outcome.peers, outcome
         assert "sent an average with" in str(outcome), outcome
@@ -177,17 +179,9 @@ def test_a_member_that_claims_a_large_weight_counts_as_much_as_any_other(monkeyp
 
     monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Heavy)
 
-    async def weighted() -> list[list[torch.Tensor]]:
-        async with connected_p2ps(3) as p2ps:
-            attacker.append(p2ps[2].peer_id)
-            groups = _groups(p2ps, PATIENT)
-            for group in groups:
-                await group.attach()
-            tensors = [_tensors(seed) for seed in range(3)]
-            await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)))
-            return tensors[:2]
-
-    honest = asyncio.run(weighted())
+    tensors, outcomes, _ = asyncio.run(_round_with_member_2(PATIENT, hostile=attacker))
+    assert outcomes == [None, None, None], outcomes
+    honest = tensors[:2]
     plain = torch.cat([torch.stack([_tensors(s)[i] for s in range(3)]).mean(0).flatten() for i in range(len(SHAPES))])
     for local in honest:
         got = torch.cat([t.flatten() for t in local])
@@ -239,18 +233,12 @@ def test_averages_lost_on_the_way_back_are_asked_for_again_and_the_round_equals_
 def test_centered_clip_keeps_a_scaled_contribution_from_moving_the_average(aggregation):
     """A member sends 100× its gradients (under the 1000× ban): the mean follows it, CenteredClip stays with the
     two honest members."""
-    async def scaled() -> list[list[torch.Tensor]]:
-        async with connected_p2ps(3) as p2ps:
-            groups = _groups(p2ps, PATIENT, aggregation=aggregation)
-            for group in groups:
-                await group.attach()
-            tensors = [_tensors(seed) for seed in range(3)]
-            for tensor in tensors[2]:
-                tensor.mul_(100.0)
-            await asyncio.gather(*(group.average(local, step=5) for group, local in zip(groups, tensors)))
-            return tensors
+    def scaled(tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            tensor.mul_(100.0)
 
-    results = asyncio.run(scaled())
+    results, outcomes, _ = asyncio.run(_round_with_member_2(PATIENT, scaled, aggregation=aggregation))
+    assert outcomes == [None, None, None], outcomes
     honest = torch.cat([torch.stack([_tensors(s)[i] for s in range(2)]).mean(0).flatten() for i in range(len(SHAPES))])
     got = [torch.cat([t.flatten() for t in local]) for local in results]
     assert all(torch.equal(got[0], other) for other in got[1:])  # every member holds the same bits either way

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from hetswarm.client.training.trainer import recordable_loss
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.state_plan import rollback_state
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.limits import MAX_LOSS
 from hetswarm.protocol.records import CheckpointInfo, Progress
 from tests.helpers.plans import plan
 from tests.helpers.swarm_records import IDS, record
@@ -58,6 +60,26 @@ def test_only_the_plans_members_losses_count():
     assert watch.spike() is None
 
 
+def test_one_members_word_cannot_force_a_rollback_but_two_pipelines_or_a_lone_one_can():
+    """A last-stage member that reports a spike of its own pipeline alone is outvoted; a first-stage member's loss
+    (it computes none) is not read; a plan of one pipeline rolls back on its only one."""
+    assignment = plan()  # 2 pipelines
+    normal = {step: 3.0 for step in range(20)}
+    liar = assignment.pipelines[0][-1]
+    watch = _watch(assignment, normal)
+    for reports in _losses(assignment, {20: 100.0}, signer=liar):
+        watch.observe(assignment, reports)
+    for reports in _losses(assignment, {21: 100.0}, signer=assignment.pipelines[1][0]):  # a first stage
+        watch.observe(assignment, reports)
+    assert watch.spike() is None
+    for reports in _losses(assignment, {20: 100.0}, signer=assignment.pipelines[1][-1]):  # the other pipeline too
+        watch.observe(assignment, reports)
+    assert watch.spike().step == 20
+    single = plan(d_dp=1)
+    alone = _watch(single, normal | {20: 100.0})
+    assert alone.spike().step == 20
+
+
 def test_a_rollback_goes_to_the_newest_complete_checkpoint_before_the_spike():
     a, b = IDS[:2]
     records = {a: record(a).copy(update={"checkpoints": [CheckpointInfo(step=s, layers=[0, 2]) for s in (8, 12, 16)]}),
@@ -86,3 +108,12 @@ def test_checkpoints_of_an_abandoned_trajectory_are_never_resumed_from():
     again = {p: r.copy(update={"checkpoints": [CheckpointInfo(step=12, layers=r.checkpoints[0].layers, plan_version=5)]})
              for p, r in records.items()}
     assert rollback_state(again, {a, b}, 4, before=20, why="x", abandoned=[(8, 5)]).step == 12
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), -1.0, 10 * MAX_LOSS])
+def test_a_loss_a_record_cannot_hold_is_published_as_the_worst_it_can_so_the_loss_watch_sees_it(loss):
+    """It used to make the trainer fail on its own Progress record: the swarm never learnt of the divergence."""
+    assert recordable_loss(loss, step=3) == MAX_LOSS
+    assert recordable_loss(2.5, step=3) == 2.5 and recordable_loss(None, step=3) is None
+    Progress(peer_id=IDS[0], assignment_version=1, step=3, loss=recordable_loss(loss, step=3), tokens_per_s=1.0,
+             compute_s=0.1, wait_s=0.0, updated_at=0.0)  # a record that validates

@@ -54,7 +54,7 @@ from hetswarm.protocol.limits import MAX_LOSS, MAX_RECENT_LOSSES, MAX_UNREACHABL
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRole, Progress, StateOrigin
 
-__all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
+__all__ = ["Trainer", "TrainerConfig", "TrainingSetup", "recordable_loss"]
 
 logger = logging.getLogger(__name__)
 
@@ -387,7 +387,8 @@ class Trainer:
                 self._remember_held_out(report)
                 self._progress.submit(Progress(
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
-                    loss=report.loss, recent_losses=[loss for _, loss in self._recent_losses],
+                    loss=recordable_loss(report.loss, report.step),
+                    recent_losses=[loss for _, loss in self._recent_losses],
                     **self._held_out_fields(), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
                     updated_at=get_dht_time()))
@@ -418,7 +419,7 @@ class Trainer:
             return
         if self._recent_losses and self._recent_losses[-1][0] != report.step - 1:
             self._recent_losses.clear()
-        self._recent_losses.append((report.step, report.loss))
+        self._recent_losses.append((report.step, recordable_loss(report.loss, report.step)))
 
     def _remember_held_out(self, report: StepReport) -> None:
         """Keeps the newest held-out loss for every Progress record until the next is measured (or a rollback or
@@ -454,6 +455,16 @@ class Trainer:
             resyncs=worker.resyncs if worker else 0, health=health, reason=str(error)[:256],
             unreachable=[peer for peer in dict.fromkeys(error.peers) if peer in assignment.roles][:MAX_UNREACHABLE_PER_RECORD],
             updated_at=get_dht_time(), **(self._origin_fields() if worker else {})))  # with a worker, it holds state
+
+
+def recordable_loss(loss: float | None, step: int) -> float | None:
+    """A training loss as a Progress record holds it: a non-finite one, or one beyond MAX_LOSS (a diverged or
+    corrupted model), as MAX_LOSS, the worst a record holds, so that the coordinator's loss watch sees the spike it
+    is (coordinator/loss_watch.py) rather than this peer failing to publish at all."""
+    if loss is None or 0.0 <= loss <= MAX_LOSS:  # NaN fails both comparisons
+        return loss
+    logger.error(f"Loss {loss} at step {step}: the model diverged or its state is corrupted; reported as {MAX_LOSS:g}")
+    return MAX_LOSS
 
 
 def _talks_to(assignment: Assignment, role: PeerRole, me: str) -> set[str]:
