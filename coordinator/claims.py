@@ -12,6 +12,10 @@ record, the monitor). Within the band the claim stands: training time on a share
 and from stage to stage (fixed per-pass costs weigh more on a stage with fewer FLOPs), and a plan that followed that
 noise would move peers for nothing. Like SWARM's throughput-based rebalancing (Ryabinin et al. 2023),
 what is measured wins over what is said, once it says something clear.
+
+A compute time no device could achieve (its stage's FLOPs at more than MAX_TFLOPS; 5e-324 s would price a peer as
+infinitely fast) is not a measurement: it is left out, and the peer is flagged and priced at no more than the
+median claim of the peers in view until it reports times a device can have.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hetswarm.coordinator.live_cost import Execution, StageCosts
+from hetswarm.protocol.limits import MAX_TFLOPS
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
 __all__ = ["ClaimCheck"]
@@ -42,6 +47,8 @@ class ClaimCheck:
     """Peer → TFLOPS it achieved in its last reported steps."""
     _counted: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Peer → (plan version, step) of its last report counted, so that a record read twice counts once."""
+    _impossible: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Peer → (its last reported compute time, the least any device needs), when below it (module docstring)."""
 
     def observe(self, plan: Assignment, progress: Mapping[str, Progress]) -> None:
         """Takes in the members' new step reports under `plan`."""
@@ -59,19 +66,24 @@ class ClaimCheck:
                     or self._counted.get(signer) == (plan.version, record.step)):
                 continue
             self._counted[signer] = (plan.version, record.step)
+            floor_s = float(flops[role.stage]) / (MAX_TFLOPS * 1e12)
+            if record.compute_s < floor_s:
+                self._impossible[signer] = (record.compute_s, floor_s)
+                continue
+            self._impossible.pop(signer, None)
             achieved = self._achieved.setdefault(signer, [])
-            achieved.append(flops[role.stage] / record.compute_s / 1e12)
+            achieved.append(float(flops[role.stage]) / record.compute_s / 1e12)
             del achieved[:-KEPT_REPORTS]
 
     def judge(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
         """The records with each flagged peer's TFLOPS replaced by what it does, and why each was flagged."""
+        judged, flagged = self._impossibly_fast(records)
         efficiency = {peer: statistics.median(done) / records[peer].hardware.tflops
                       for peer, done in self._achieved.items()
                       if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
         if len(efficiency) < self.min_peers:
-            return dict(records), {}
+            return judged, flagged
         typical = statistics.median(efficiency.values())
-        judged, flagged = dict(records), {}
         for peer, own in efficiency.items():
             ratio = own / typical
             if 1 / self.trust_band <= ratio <= self.trust_band:
@@ -86,6 +98,24 @@ class ClaimCheck:
             else:
                 flagged[peer] = (f"computes like {priced:.3g} TFLOPS, not the {claimed:.3g} it claims "
                                  f"({_times(ratio)} the swarm's efficiency); priced by what it does")
+        return judged, flagged
+
+
+    def _impossibly_fast(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
+        """The records with the TFLOPS of each peer whose reports no device could make capped at the median claim,
+        and why each is flagged."""
+        judged, flagged = dict(records), {}
+        if not (liars := [peer for peer in self._impossible if peer in records]):
+            return judged, flagged
+        median_claim = statistics.median(record.hardware.tflops for record in records.values())
+        for peer in liars:
+            hardware = records[peer].hardware
+            judged[peer] = records[peer].copy(update={"hardware": hardware.copy(
+                update={"tflops": min(hardware.tflops, median_claim)})})
+            reported_s, floor_s = self._impossible[peer]
+            flagged[peer] = (f"reports {reported_s:.3g} s of compute for a step that takes {floor_s:.3g} s even at "
+                             f"{MAX_TFLOPS:g} TFLOPS, beyond any device; priced at no more than the median claim, "
+                             f"{median_claim:.3g}")
         return judged, flagged
 
 

@@ -66,3 +66,17 @@ def test_a_peer_computing_unlike_its_claim_beyond_the_band_is_priced_by_what_it_
     assert set(flagged) == {slow, fast}
     assert "2.4× below" in flagged[slow] and "2.9× above" in flagged[fast]
     assert all("priced by what it does" in why and "but computes like" not in why for why in flagged.values())
+
+
+def test_compute_times_no_device_could_have_are_not_measurements_and_their_peer_is_priced_at_the_median_claim():
+    assignment = plan()
+    peers = sorted(assignment.roles)
+    liar = peers[0]
+    records = {p: record(p, tflops=10_000.0 if p == liar else 1.0) for p in peers}
+    check = ClaimCheck()
+    for step in range(1, 5):
+        check.observe(assignment, _reports(assignment, {p: 5e-324 if p == liar else 0.2 for p in peers}, step))
+    judged, flagged = check.judge(records)
+    assert set(flagged) == {liar} and "beyond any device" in flagged[liar]
+    assert judged[liar].hardware.tflops == 1.0  # the median claim, not the 10,000 it says
+    assert all(judged[p] == records[p] for p in peers if p != liar)
