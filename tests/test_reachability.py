@@ -24,6 +24,7 @@ from hetswarm.client.peer.reachability import (
     ask_clock,
     ask_dial_back,
     direct_tcp_maddr,
+    has_public_address,
 )
 from hetswarm.protocol.keys import reachability_namespace
 from tests.helpers.p2p_nodes import connected_p2ps
@@ -66,12 +67,23 @@ def test_only_direct_tcp_addresses_of_the_asker_are_dialled(text, dialable):
     assert (str(maddr) if maddr else None) == dialable
 
 
+@pytest.mark.parametrize("host, public", [("8.8.8.8", True), ("127.0.0.1", False), ("10.1.2.3", False),
+                                          ("192.168.0.7", False), ("169.254.1.1", False), ("::1", False),
+                                          ("2001:4860:4860::8888", True)])
+def test_a_checker_with_a_public_address_dials_no_loopback_or_private_one(host, public):
+    """A stranger could otherwise make it probe its own machine or LAN and read why each dial failed."""
+    text = f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/5"
+    assert (direct_tcp_maddr(text, SOME_PEER, public_only=True) is not None) == public
+    assert direct_tcp_maddr(text, SOME_PEER, public_only=False) is not None  # a swarm on private addresses dials them
+    assert has_public_address(["/dns4/example.com/tcp/1", text]) == public
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.swarm
 def test_checker_dials_a_reachable_asker_back_and_refuses_a_closed_port():
     async def main() -> tuple[DialBack, DialBack]:
         async with connected_p2ps(2) as (checker, asker):
-            await ReachabilityServicer().add_p2p_handlers(checker, namespace=NAMESPACE)
+            await ReachabilityServicer(public_only=False).add_p2p_handlers(checker, namespace=NAMESPACE)
             own = [str(m) for m in await asker.get_visible_maddrs()]
             closed = [f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{asker.peer_id.to_base58()}"]
             return (await ask_dial_back(asker, checker.peer_id, namespace=NAMESPACE, maddrs=own),
@@ -94,7 +106,7 @@ def test_bad_requests_get_an_answer_and_the_checker_keeps_serving():
 
     async def main() -> tuple[dict[str, DialBack], DialBack, DialBack, float]:
         async with connected_p2ps(2) as (checker, asker):
-            await ReachabilityServicer().add_p2p_handlers(checker, namespace=NAMESPACE)
+            await ReachabilityServicer(public_only=False).add_p2p_handlers(checker, namespace=NAMESPACE)
             stub = ReachabilityServicer.get_stub(asker, checker.peer_id, namespace=NAMESPACE)
             answers = {name: DialBack.from_response(await stub.rpc_check_reachability(
                 runtime_pb2.ExpertRequest(metadata=metadata), timeout=10)) for name, metadata in bad_requests.items()}

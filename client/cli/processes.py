@@ -24,7 +24,7 @@ from hetswarm.client.peer.hardware import emulate_tflops, probe_hardware, resolv
 from hetswarm.client.peer.link_probe import unanswered
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
-from hetswarm.client.peer.reachability import ReachabilityServicer, report_reachability
+from hetswarm.client.peer.reachability import ReachabilityServicer, has_public_address, report_reachability
 from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.client.training.stage_state import StageState
@@ -134,7 +134,9 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
             announce(f"Joined swarm {node_config.swarm!r} as {node.peer_id}. Others can join with: "
                      f"{node.initial_peers_line}")
             namespace = reachability_namespace(node_config.swarm)
-            await ReachabilityServicer().add_p2p_handlers(node.p2p, namespace=namespace)
+            own = [str(maddr) for maddr in await node.p2p.get_visible_maddrs()]
+            await ReachabilityServicer(public_only=has_public_address(own)).add_p2p_handlers(node.p2p,
+                                                                                         namespace=namespace)
             reachability = asyncio.create_task(  # advice only: in the background, never stops the client
                 report_reachability(node.p2p, node.records, me=node.peer_id, namespace=namespace))
             trainer = training.build(node, torch_device) if training else None

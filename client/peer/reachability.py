@@ -6,8 +6,11 @@ all-reduce). So on `join` the client asks one or two peers in view to dial it ba
 and, when they answer that they cannot, says how to fix it. The checker dials from a fresh client-only p2pd (no
 listening, no relay, an empty peer store): its own daemon is already connected to the asker (the question came
 over that connection) and would reuse the link instead of proving that a new one can be made. The libp2p handshake
-checks the peer id, so a checker only ever confirms the asker itself, whatever addresses it is given. Checkers on
-the asker's machine or LAN can dial addresses the internet cannot: a "yes" from them proves less than a "no".
+checks the peer id, so a checker only ever confirms the asker itself, whatever addresses it is given; but the
+reason a dial failed would tell the asker what listens there. So a checker with a public address dials only public
+ones: a stranger cannot make it probe its own loopback or LAN (a swarm on private addresses, as on one machine or in
+a lab, dials them). Checkers on the asker's machine or LAN can dial addresses the internet cannot: a "yes" from them
+proves less than a "no".
 
 The same servicer tells its clock (`rpc_clock`), for `hetswarm doctor`: hivemind refuses peers whose clocks differ
 by more than MAX_DHT_TIME_DISCREPANCY_SECONDS.
@@ -15,6 +18,7 @@ by more than MAX_DHT_TIME_DISCREPANCY_SECONDS.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 import time
@@ -75,15 +79,16 @@ class DialBack:
         return cls(reachable, detail[:DETAIL_CHARS])
 
 
-def direct_tcp_maddr(text: str, peer: PeerID) -> Multiaddr | None:
+def direct_tcp_maddr(text: str, peer: PeerID, *, public_only: bool = False) -> Multiaddr | None:
     """`text` as a dialable /ip4|ip6/HOST/tcp/PORT, or None: relays, DNS names, unspecified hosts and addresses of
-    another peer are never dialled on a peer's behalf."""
+    another peer are never dialled on a peer's behalf, nor, with `public_only`, loopback and private ones."""
     try:
         maddr = Multiaddr(text)
         names = [protocol.name for protocol in maddr.protocols()]
         if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]) or names[2:] not in ([], ["p2p"]):
             return None
-        if maddr.value_for_protocol(names[0]) in ("0.0.0.0", "::"):
+        host = maddr.value_for_protocol(names[0])
+        if host in ("0.0.0.0", "::") or (public_only and not ipaddress.ip_address(host).is_global):
             return None
         if names[2:] == ["p2p"]:
             if maddr.value_for_protocol("p2p") != peer.to_base58():
@@ -92,6 +97,18 @@ def direct_tcp_maddr(text: str, peer: PeerID) -> Multiaddr | None:
         return maddr
     except Exception:  # py-multiaddr raises several types on garbage
         return None
+
+
+def has_public_address(maddrs: list[str]) -> bool:
+    """Whether any of these (a peer's own visible addresses) is a public IP address."""
+    for text in maddrs:
+        try:
+            maddr = Multiaddr(text)
+            if ipaddress.ip_address(maddr.value_for_protocol(maddr.protocols()[0].name)).is_global:
+                return True
+        except Exception:  # not an IP address (a DNS name, garbage): not public as far as we can tell
+            continue
+    return False
 
 
 def dial_error_text(error: ControlFailure) -> str:
@@ -123,10 +140,15 @@ async def dial_back(peer: PeerID, maddrs: list[Multiaddr], *, dial_timeout_s: fl
 class ReachabilityServicer(ServicerBase):
     """Dials askers back and tells its clock; namespaced per swarm (protocol.keys.reachability_namespace)."""
 
-    def __init__(self, *, dial_timeout_s: float = DIAL_TIMEOUT_S, max_concurrent: int = MAX_CONCURRENT_CHECKS):
+    def __init__(self, *, public_only: bool, dial_timeout_s: float = DIAL_TIMEOUT_S,
+                 max_concurrent: int = MAX_CONCURRENT_CHECKS):
+        """
+        Args:
+            public_only: dial only public addresses (module docstring); True for a checker with a public address.
+        """
         if dial_timeout_s <= 0 or max_concurrent < 1:
             raise ValueError(f"need dial_timeout_s > 0 and max_concurrent >= 1, got {dial_timeout_s}, {max_concurrent}")
-        self.dial_timeout_s = dial_timeout_s
+        self.public_only, self.dial_timeout_s = public_only, dial_timeout_s
         self._checks = asyncio.Semaphore(max_concurrent)
 
     async def rpc_check_reachability(self, request: runtime_pb2.ExpertRequest,
@@ -142,9 +164,11 @@ class ReachabilityServicer(ServicerBase):
                 listed = None
             if not isinstance(listed, list) or not all(isinstance(text, str) for text in listed):
                 return DialBack(None, "bad request: expected a list of multiaddrs").to_response()
-            targets = [m for m in (direct_tcp_maddr(text, asker) for text in listed[:MAX_DIAL_MADDRS]) if m]
+            targets = [m for m in (direct_tcp_maddr(text, asker, public_only=self.public_only)
+                                   for text in listed[:MAX_DIAL_MADDRS]) if m]
             if not targets:
-                return DialBack(False, "it announces no direct /ip4|ip6/HOST/tcp/PORT address").to_response()
+                kind = "public " if self.public_only else ""
+                return DialBack(False, f"it announces no direct {kind}/ip4|ip6/HOST/tcp/PORT address").to_response()
             if self._checks.locked():
                 return DialBack(None, "busy").to_response()
             async with self._checks:
