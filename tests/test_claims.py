@@ -17,16 +17,23 @@ def _reports(assignment, seconds: dict[str, float], step: int) -> dict[str, Prog
                            tokens_per_s=1.0, compute_s=s, wait_s=0.0, updated_at=0.0) for peer, s in seconds.items()}
 
 
-def test_a_peer_claiming_a_hundred_times_its_compute_is_priced_by_what_it_does():
+def _one_liar(claims: float, seconds: float) -> tuple[list[str], str, dict, dict, dict]:
+    """Four members that each report 0.2 s of compute for four steps, every record read twice, but the first, the
+    liar, who claims `claims` TFLOPS and reports `seconds`: the peers, the liar, the records and the judgement."""
     assignment = plan()
     peers = sorted(assignment.roles)
     liar = peers[0]
-    records = {p: record(p, tflops=100.0 if p == liar else 1.0) for p in peers}
+    records = {p: record(p, tflops=claims if p == liar else 1.0) for p in peers}
     check = ClaimCheck()
-    for step in range(1, 5):  # every peer takes the same time: all compute alike, whatever they claim
-        check.observe(assignment, _reports(assignment, {p: 0.2 for p in peers}, step))
-        check.observe(assignment, _reports(assignment, {p: 0.2 for p in peers}, step))  # read twice, counted once
+    for step in range(1, 5):
+        for _ in range(2):  # a record read twice counts once
+            check.observe(assignment, _reports(assignment, {p: seconds if p == liar else 0.2 for p in peers}, step))
     judged, flagged = check.judge(records)
+    return peers, liar, records, judged, flagged
+
+
+def test_a_peer_claiming_a_hundred_times_its_compute_is_priced_by_what_it_does():
+    peers, liar, records, judged, flagged = _one_liar(100.0, 0.2)  # all compute alike, whatever they claim
     assert set(flagged) == {liar} and "claims 100 TFLOPS" in flagged[liar]
     assert judged[liar].hardware.tflops == pytest.approx(1.0, rel=0.5)  # about what its neighbours achieve
     assert all(judged[p] == records[p] for p in peers if p != liar)
@@ -69,14 +76,7 @@ def test_a_peer_computing_unlike_its_claim_beyond_the_band_is_priced_by_what_it_
 
 
 def test_compute_times_no_device_could_have_are_not_measurements_and_their_peer_is_priced_at_the_median_claim():
-    assignment = plan()
-    peers = sorted(assignment.roles)
-    liar = peers[0]
-    records = {p: record(p, tflops=10_000.0 if p == liar else 1.0) for p in peers}
-    check = ClaimCheck()
-    for step in range(1, 5):
-        check.observe(assignment, _reports(assignment, {p: 5e-324 if p == liar else 0.2 for p in peers}, step))
-    judged, flagged = check.judge(records)
+    peers, liar, records, judged, flagged = _one_liar(10_000.0, 5e-324)
     assert set(flagged) == {liar} and "beyond any device" in flagged[liar]
     assert judged[liar].hardware.tflops == 1.0  # the median claim, not the 10,000 it says
     assert all(judged[p] == records[p] for p in peers if p != liar)
