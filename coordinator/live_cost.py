@@ -194,10 +194,12 @@ class StageCosts:
         # a stage keeps its fp32 output for the backward call its gradient comes back to (the last, a loss)
         output = table(lambda count, *, first, last: 0.0 if last else 4.0 * model.d_model)
         if recompute:  # each micro-batch in flight keeps its layers' inputs, and one layer of one is rebuilt at a time
-            ends = table(lambda count, **where: model.activation_bytes_per_token_of(0, **where))  # embedding, head
-            per_token = layers * model.checkpoint_bytes_per_token_per_layer + ends + output
-            kept = held * (micro_batch_tokens * per_token + table(lambda count, **where: model.micro_batch_bytes_of(
-                0, **where)))
+            def without_layers(quantity) -> np.ndarray:  # what the embedding and the head keep
+                return table(lambda count, **where: quantity(0, **where))
+
+            per_token = (layers * model.checkpoint_bytes_per_token_per_layer
+                         + without_layers(model.activation_bytes_per_token_of) + output)
+            kept = held * (micro_batch_tokens * per_token + without_layers(model.micro_batch_bytes_of))
             rebuilt = (micro_batch_tokens * model.activation_bytes_per_token_per_layer
                        + model.micro_batch_bytes_of(1, first=False, last=False))
             activations = kept + np.where(layers > 0, rebuilt, 0.0)

@@ -4,11 +4,11 @@ A corrupted replica (a bit flip on a volunteer's GPU, a member that slipped pois
 wreck the model in one step. The coordinator sees every pipeline's loss in its last stage's Progress records, each
 of which carries its last steps' too; only those members compute a loss, so only theirs count. When the losses of
 two pipelines (of the only one, in a plan of one) at a step exceed `threshold` times the recent median (over the
-`window` steps before it, of each step's median over pipelines), the coordinator plans the same roles again from
-the newest complete checkpoint of a step whose loss it saw and found normal (coordinator/state_plan.py), and says
-so in the plan's reason. One member's word cannot force a rollback: a lie about its own pipeline's loss moves no
-median and makes no second spike. The spike's step and those before it are then settled: should the same data bring the same spike
-again, it is a property of the run, not a fault, and training goes on.
+`window` steps before it, of each step's median over pipelines), the coordinator plans the same roles again from the
+newest complete checkpoint of a step whose loss it saw and found normal (coordinator/state_plan.py), and says so in
+the plan's reason. One member's word cannot force a rollback: a lie about its own pipeline's loss moves no median
+and makes no second spike. The spike's step and those before it are then settled: should the same data bring the
+same spike again, it is a property of the run, not a fault, and training goes on.
 """
 from __future__ import annotations
 

@@ -58,6 +58,9 @@ class ReportCheck:
             silent = await self.silent(unjudged)
             for reporter, peer in lone - set(self._verdicts):
                 self._verdicts[(reporter, peer)] = (peer in silent, now + self.remember_s)
+                if peer not in silent:  # logged once per verdict, not on every read of the same report
+                    logger.warning(f"{short_id(reporter)} reports {short_id(peer)} unreachable, which answers our "
+                                   f"ping: leaving the reporter out instead")
         unreachable: dict[str, list[str]] = {}
         reasons: dict[str, str] = {}
         for peer, who in reporters.items():
@@ -68,8 +71,5 @@ class ReportCheck:
                 reasons[peer] = REACHED_NOBODY
             else:
                 unreachable.setdefault(self.coordinator_id, []).append(reporter)
-                reasons[reporter] = (f"reported {short_id(peer)} unreachable, but it answers the coordinator's "
-                                     f"ping")
-                logger.warning(f"{short_id(reporter)} reports {short_id(peer)} unreachable, which answers our ping: "
-                               f"leaving the reporter out instead")
+                reasons[reporter] = f"reported {short_id(peer)} unreachable, but it answers the coordinator's ping"
         return Judged(unreachable=unreachable, reasons=reasons)

@@ -135,8 +135,8 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                      f"{node.initial_peers_line}")
             namespace = reachability_namespace(node_config.swarm)
             own = [str(maddr) for maddr in await node.p2p.get_visible_maddrs()]
-            await ReachabilityServicer(public_only=has_public_address(own)).add_p2p_handlers(node.p2p,
-                                                                                         namespace=namespace)
+            checker = ReachabilityServicer(public_only=has_public_address(own))
+            await checker.add_p2p_handlers(node.p2p, namespace=namespace)
             reachability = asyncio.create_task(  # advice only: in the background, never stops the client
                 report_reachability(node.p2p, node.records, me=node.peer_id, namespace=namespace))
             trainer = training.build(node, torch_device) if training else None

@@ -110,9 +110,9 @@ class ReplicaSync(ServicerBase):
             logger.warning(f"{peer} did not send its state after step {step}: {e!r}")
             return False
         blob = b"".join(parts)
-        if hashlib.sha256(blob).digest() != digest:
+        if (got := hashlib.sha256(blob).digest()) != digest:
             logger.warning(f"{peer} sent a state after step {step} that is not the one it reported (SHA-256 "
-                           f"{hashlib.sha256(blob).hexdigest()[:12]}…, reported {digest.hex()[:12]}…)")
+                           f"{got.hex()[:12]}…, reported {digest.hex()[:12]}…)")
             return False
         StageState(step + 1, decode_tensors(blob)).apply(self.module, self.optimizer)
         return True

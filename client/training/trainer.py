@@ -383,11 +383,11 @@ class Trainer:
             await self._keep_state(worker, assignment, report.step + 1)
             if (assignment.version, report.step) > self._published:  # never publish a step twice
                 self._published = (assignment.version, report.step)
-                self._remember_loss(report)
+                published = recordable_loss(report.loss, report.step)
+                self._remember_loss(report.step, published)
                 self._remember_held_out(report)
                 self._progress.submit(Progress(
-                    peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step,
-                    loss=recordable_loss(report.loss, report.step),
+                    peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step, loss=published,
                     recent_losses=[loss for _, loss in self._recent_losses],
                     **self._held_out_fields(), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
@@ -412,14 +412,14 @@ class Trainer:
             self.checkpoints.submit(state, layers=tuple(assignment.stage_layers[role.stage]),
                                     model=assignment.model_config(), plan_version=assignment.version)
 
-    def _remember_loss(self, report: StepReport) -> None:
+    def _remember_loss(self, step: int, loss: float | None) -> None:
         """Keeps the losses of the last consecutive steps for the Progress record; a jump back (a rollback, a
         resume) or a gap starts the list again."""
-        if report.loss is None:
+        if loss is None:
             return
-        if self._recent_losses and self._recent_losses[-1][0] != report.step - 1:
+        if self._recent_losses and self._recent_losses[-1][0] != step - 1:
             self._recent_losses.clear()
-        self._recent_losses.append((report.step, recordable_loss(report.loss, report.step)))
+        self._recent_losses.append((step, loss))
 
     def _remember_held_out(self, report: StepReport) -> None:
         """Keeps the newest held-out loss for every Progress record until the next is measured (or a rollback or
@@ -428,7 +428,7 @@ class Trainer:
         if self._held_out is not None and report.step <= self._held_out[0]:
             self._held_out = None
         loss = report.held_out_loss
-        if loss is not None and not 0.0 <= loss <= MAX_LOSS:  # NaN fails both comparisons
+        if loss is not None and not _fits_record(loss):
             logger.warning(f"Held-out loss {loss} after step {report.step} is not a loss a record can hold; "
                            f"not published")
         elif loss is not None:
@@ -457,11 +457,15 @@ class Trainer:
             updated_at=get_dht_time(), **(self._origin_fields() if worker else {})))  # with a worker, it holds state
 
 
+def _fits_record(loss: float) -> bool:
+    return 0.0 <= loss <= MAX_LOSS  # NaN fails both comparisons
+
+
 def recordable_loss(loss: float | None, step: int) -> float | None:
     """A training loss as a Progress record holds it: a non-finite one, or one beyond MAX_LOSS (a diverged or
     corrupted model), as MAX_LOSS, the worst a record holds, so that the coordinator's loss watch sees the spike it
     is (coordinator/loss_watch.py) rather than this peer failing to publish at all."""
-    if loss is None or 0.0 <= loss <= MAX_LOSS:  # NaN fails both comparisons
+    if loss is None or _fits_record(loss):
         return loss
     logger.error(f"Loss {loss} at step {step}: the model diverged or its state is corrupted; reported as {MAX_LOSS:g}")
     return MAX_LOSS
