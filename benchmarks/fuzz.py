@@ -1,4 +1,5 @@
-"""Fuzzes the record validators, the frame decoder and the vote reader for a while and counts inputs and crashes.
+"""Fuzzes the record validators, the frame decoder, the vote reader and the judge of shown failure votes for a
+while and counts inputs and crashes.
 
     python fuzz.py --minutes 5        (from benchmarks/; writes its section of RESULTS.md)
 
@@ -22,9 +23,11 @@ from results import command_line, write_section  # noqa: E402  (benchmarks/ is o
 
 from hetswarm.protocol.identity import load_identity, peer_id_of  # noqa: E402
 from tests.helpers.fuzzing import (  # noqa: E402
+    check_evidence,
     check_frame,
     check_record,
     check_votes,
+    evidence_inputs,
     frame_inputs,
     record_inputs,
     vote_inputs,
@@ -65,7 +68,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="total time, split between the targets")
     args = parser.parse_args()
     logging.getLogger("hetswarm").setLevel(logging.ERROR)  # every refusal is logged; the counts say it here
-    seconds = args.minutes * 60 / 3
+    seconds = args.minutes * 60 / 4
     with tempfile.TemporaryDirectory() as folder:
         key = load_identity(Path(folder) / "fuzz.key")
         results = {
@@ -73,11 +76,14 @@ def main() -> None:
                                       lambda value: check_record(value, key), seconds),
             "frame decoder": fuzz("frames", frame_inputs(), check_frame, seconds),
             "vote reader": fuzz("votes", vote_inputs(key), check_votes, seconds),
+            "shown failure votes": fuzz("evidence", evidence_inputs(key), lambda value: check_evidence(value, key),
+                                        seconds),
         }
     rows = "\n".join(f"| {name} | {r['inputs']} | {r['accepted']} | {r['inputs'] - r['accepted'] - r['crashes']} | "
                      f"{r['crashes']} |" for name, r in results.items())
-    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, a third per target (random values and mutations of "
-                f"a valid record, frame or vote message; tests/helpers/fuzzing.py).\n\n"
+    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, a quarter per target (random values and mutations "
+                f"of a valid record, frame, vote message or Progress record showing failure votes; "
+                f"tests/helpers/fuzzing.py).\n\n"
                 f"| target | inputs | accepted | refused | crashes |\n|---|---|---|---|---|\n{rows}\n")
     print(markdown)
     write_section("Fuzzing", markdown)

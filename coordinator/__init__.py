@@ -15,6 +15,8 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
  * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
  * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
+ * failure_votes.py - the signed failure votes of aborted attempts, judged: who keeps the plan from committing
+                     (imports hivemind, to check signatures)
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
  * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled

@@ -38,6 +38,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.claims import ClaimCheck
+from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.planner import Proposal, Replanner
 from hetswarm.coordinator.reports import ReportCheck
@@ -415,9 +416,13 @@ class Broadcaster:
         if self.assignment is not None:
             unreachable, stalled = troubles(self.assignment, progress)
             judged = await self.reports.judge(unreachable, time.monotonic())
-            if judged.unreachable or stalled:
-                self.replanner.note_trouble(unreachable=judged.unreachable, stalled=stalled, now=time.monotonic(),
-                                            reasons=judged.reasons)
+            left_out = dict(judged.unreachable)
+            gone = await self.reports.gone(named_causes(self.assignment, progress), time.monotonic())
+            if aborting := judge_aborts(self.assignment, self.config.swarm, progress, gone=gone):
+                left_out[self.coordinator_id] = sorted({*left_out.get(self.coordinator_id, ()), *aborting})
+            if left_out or stalled:
+                self.replanner.note_trouble(unreachable=left_out, stalled=stalled, now=time.monotonic(),
+                                            reasons={**judged.reasons, **aborting})
 
     def _save_state(self, *, force: bool = False) -> None:
         """Writes the state when it changed: at once for a new version, else at most every STATE_SAVE_INTERVAL_S."""

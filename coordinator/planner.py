@@ -339,7 +339,8 @@ class Replanner:
     def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
                      reasons: Mapping[str, str] | None = None) -> None:
         """What the plan's members report (client/training/trainer.py), as the coordinator judged it
-        (coordinator/reports.py): `unreachable` maps a reporter to the peers to leave out, `reasons` says why each,
+        (coordinator/reports.py, coordinator/failure_votes.py): `unreachable` maps whoever stands behind it (a
+        reporter, or this coordinator) to the peers to leave out, `reasons` says why each,
         `stalled` maps a member that gave up to its reason. An unreachable peer is left out at once (no debounce:
         the plan cannot train with it); stalled members get the plan restarted."""
         fresh = {peer for peers in unreachable.values() for peer in peers
@@ -347,8 +348,9 @@ class Replanner:
         for peer in fresh:
             self._suspects[peer] = (now + self.config.suspect_s, (reasons or {}).get(peer, REACHED_NOBODY))
         if fresh:
-            self._trouble = f"unreachable: {_short(frozenset(fresh))}, reported by {_short(frozenset(unreachable))}"
-            logger.warning(f"Members of the plan cannot reach {_short(frozenset(fresh))}; re-planning without them")
+            self._trouble = f"{_short(frozenset(fresh))} ({self._suspects[min(fresh)][1]})"
+            logger.warning(f"Leaving {_short(frozenset(fresh))} out and re-planning: " + "; ".join(
+                f"{short_id(peer)} {self._suspects[peer][1]}" for peer in sorted(fresh)))
         elif stalled and not self._trouble and now - self._restarted_at >= self.config.retry_s:
             self._trouble = f"stalled: {_short(frozenset(stalled))} ({next(iter(stalled.values()))[:80]})"
 

@@ -19,7 +19,7 @@ __all__ = ["Judged", "ReportCheck"]
 
 logger = logging.getLogger(__name__)
 
-REACHED_NOBODY = "members of the plan could not reach it"
+REACHED_NOBODY = "unreachable: neither members of the plan nor the coordinator could reach it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,19 @@ class ReportCheck:
         self.silent, self.coordinator_id, self.remember_s = silent, coordinator_id, remember_s
         self._verdicts: dict[tuple[str, str], tuple[bool, float]] = {}
         """(reporter, peer) → (whether the peer failed our ping too, until when that verdict stands)."""
+        self._pinged: dict[str, tuple[bool, float]] = {}
+        """Peer → (whether it failed our ping, until when that stands), for `gone`."""
+
+    async def gone(self, peers: Collection[str], now: float) -> set[str]:
+        """Which of `peers` answer no ping of this coordinator (each asked at most once per `remember_s`); none
+        when this check pings nobody."""
+        if self.silent is None or not peers:
+            return set()
+        self._pinged = {peer: verdict for peer, verdict in self._pinged.items() if verdict[1] > now}
+        if unasked := set(peers) - set(self._pinged):
+            silent = await self.silent(unasked)
+            self._pinged |= {peer: (peer in silent, now + self.remember_s) for peer in unasked}
+        return {peer for peer in peers if self._pinged[peer][0]}
 
     async def judge(self, reports: dict[str, list[str]], now: float) -> Judged:
         """`reports` maps each reporting member to the peers of the plan it could not reach."""

@@ -8,6 +8,8 @@ imports the errors) must stay usable without it.
  * records.py      - PeerRecord, Assignment, Progress, Refusals: pydantic.v1 schemas, strict types, physical bounds
  * keys.py         - DHT keys and P2P handler namespaces of one swarm; the short peer id people read
  * identity.py     - the RSA key that is both libp2p identity and record-signing key; peer id of a key
+ * votes.py        - signed commit votes and the evidence of aborted attempts: schemas, read without hivemind
+ * vote_signing.py - signing a vote, and checking that a vote is its member's
  * signing.py      - the validators every node installs (size, RSA signature, owner binding, lifetime, schema)
  * join_tokens.py  - the coordinator's signed tokens that admit one peer to a closed swarm
  * atomic_files.py - files written whole or not at all (temporary file, fsync, rename)

@@ -12,6 +12,12 @@ MAX_PEERS_PER_ASSIGNMENT = 512
 MAX_UNREACHABLE_PER_RECORD = 16
 """Peers one Progress record may name as unreachable."""
 
+MAX_FAILURES_PER_ATTEMPT = 4
+"""Failure votes of one aborted attempt a Progress record shows (protocol/votes.py: AbortedAttempt)."""
+
+MAX_ABORTED_PER_RECORD = 6
+"""Aborted attempts one Progress record shows the failure votes of: two rounds of the default three attempts."""
+
 MAX_RECENT_LOSSES = 16
 """Losses of past steps one Progress record carries."""
 

@@ -14,6 +14,7 @@ from pydantic.v1 import StrictBool, StrictInt, StrictStr, confloat, conint, conl
 
 from hetswarm.protocol.keys import PEER_ID_PATTERN
 from hetswarm.protocol.limits import (
+    MAX_ABORTED_PER_RECORD,
     MAX_BANDWIDTH_MBPS,
     MAX_CHECKPOINTS_PER_RECORD,
     MAX_LATENCY_MS,
@@ -32,6 +33,7 @@ from hetswarm.protocol.limits import (
     MAX_UNREACHABLE_PER_RECORD,
 )
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
+from hetswarm.protocol.votes import AbortedAttempt
 from hetswarm.protocol.wire_format import WireFormat
 
 PeerId = str  # base58 libp2p peer id (RSA identities give "Qm..." ids)
@@ -265,6 +267,9 @@ class Progress(_Record):
     """Why this peer is retrying or stalled."""
     unreachable: conlist(_PeerIdStr, max_items=MAX_UNREACHABLE_PER_RECORD) = pydantic.Field(default_factory=list)
     """Peers of the plan that this peer could not reach or hear from in its last failed attempt."""
+    aborted: conlist(AbortedAttempt, max_items=MAX_ABORTED_PER_RECORD) = pydantic.Field(default_factory=list)
+    """The signed failure votes of the last attempts the plan aborted at `step`: evidence of who stops the plan
+    from committing (coordinator/failure_votes.py), checked by the coordinator, not taken on this peer's word."""
     state_origin: StateOrigin | None = None
     """Where this peer's stage state came from when the plan started."""
     handoff_bytes: conint(strict=True, ge=0, le=2**50) = 0

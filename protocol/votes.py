@@ -3,20 +3,24 @@
 Members vote on every (step, attempt) and relay each other's votes, so that a peer learns the vote of a member that
 died after voting (client/training/step_commit.py). Unsigned, a relay could forge any member's failure and freeze
 the run. A vote is therefore its member's RSA signature (its libp2p identity, protocol/identity.py) over the
-board's namespace (which names the swarm and the plan version), the step, the attempt and the vote, with the
-public key it checks against: the key's peer id must be the member's. A vote that fails either check is forged,
-and whoever relayed it is named.
+board's namespace (which names the swarm and the plan version), the step, the attempt, the vote and its cause, with
+the public key it checks against: the key's peer id must be the member's (protocol/vote_signing.py, which holds the
+hivemind side, so that this module and the records that carry votes import without it). A vote that fails either
+check is forged, and whoever relayed it is named.
+
+A failure vote names its cause: the member whose frame, part or average failed this one's attempt, or nobody (its
+own failure). Signed, the failure votes of the attempts a member aborted are evidence no member can make up: a
+member shows them to the coordinator (`AbortedAttempt`, in its Progress record), which plans out whoever they
+implicate at every abort of a step (coordinator/failure_votes.py).
 """
 from __future__ import annotations
 
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
-from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, conint, conlist, constr
+from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, conint, conlist, constr, root_validator
 
-from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PEER_ID_PATTERN
-from hetswarm.protocol.limits import MAX_PEERS_PER_ASSIGNMENT, MAX_STEP
+from hetswarm.protocol.limits import MAX_FAILURES_PER_ATTEMPT, MAX_PEERS_PER_ASSIGNMENT, MAX_STEP
 
-__all__ = ["MAX_VOTE_MESSAGE_BYTES", "SignedVote", "VoteMessage", "forgery", "read_votes", "signed_vote"]
+__all__ = ["MAX_VOTE_MESSAGE_BYTES", "AbortedAttempt", "SignedVote", "VoteMessage", "read_votes"]
 
 _MAX_KEY_CHARS = 1024
 """An RSA public key in OpenSSH form, or a base64 signature: 2048- and 4096-bit keys fit."""
@@ -28,6 +32,9 @@ class SignedVote(BaseModel):
     peer: constr(strict=True, regex=PEER_ID_PATTERN)
     ok: StrictBool
     """Success (True) or failure (False) of the member's part of the attempt."""
+    cause: constr(strict=True, regex=PEER_ID_PATTERN) | None = None
+    """A failure's cause: the member whose frame, part or average failed it; None for its own (or unattributed)
+    failure. A success names none."""
     public_key: constr(strict=True, max_length=_MAX_KEY_CHARS)
     """The member's public key, in OpenSSH form (hivemind's RSAPublicKey.to_bytes)."""
     signature: constr(strict=True, max_length=_MAX_KEY_CHARS)
@@ -36,6 +43,12 @@ class SignedVote(BaseModel):
     class Config:
         extra = Extra.forbid
         allow_mutation = False
+
+    @root_validator(skip_on_failure=True)
+    def _success_names_no_cause(cls, values: dict) -> dict:
+        if values["ok"] and values["cause"] is not None:
+            raise ValueError("a success vote names no cause")
+        return values
 
 
 class VoteMessage(BaseModel):
@@ -49,8 +62,15 @@ class VoteMessage(BaseModel):
         extra = Extra.forbid
 
 
-def _signed_bytes(namespace: str, step: int, attempt: int, peer: str, ok: bool) -> bytes:
-    return f"hetswarm-vote\0{namespace}\0{step}\0{attempt}\0{peer}\0{int(ok)}".encode()
+class AbortedAttempt(BaseModel):
+    """The failure votes a member holds for one attempt the plan aborted: evidence it shows the coordinator."""
+
+    step: conint(strict=True, ge=0, le=MAX_STEP)
+    attempt: conint(strict=True, ge=0, le=MAX_STEP)
+    failures: conlist(SignedVote, min_items=1, max_items=MAX_FAILURES_PER_ATTEMPT)
+
+    class Config:
+        extra = Extra.forbid
 
 
 def read_votes(message: bytes) -> VoteMessage:
@@ -65,24 +85,3 @@ def read_votes(message: bytes) -> VoteMessage:
         return VoteMessage.parse_raw(message)
     except (ValidationError, ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed vote message: {e}") from None
-
-
-def signed_vote(private_key: RSAPrivateKey, *, namespace: str, step: int, attempt: int, ok: bool) -> SignedVote:
-    """This peer's vote, signed with its identity."""
-    public_key = private_key.get_public_key()
-    peer = peer_id_of(public_key)
-    signature = private_key.sign(_signed_bytes(namespace, step, attempt, peer, ok))
-    return SignedVote(peer=peer, ok=ok, public_key=public_key.to_bytes().decode(), signature=signature.decode())
-
-
-def forgery(vote: SignedVote, *, namespace: str, step: int, attempt: int) -> str | None:
-    """Why `vote` is not its member's for this board and (step, attempt), or None when it is."""
-    try:
-        public_key = RSAPublicKey.from_bytes(vote.public_key.encode())
-    except Exception as e:  # cryptography's parsers raise several kinds on garbage
-        return f"a vote of {vote.peer} with a malformed key ({type(e).__name__})"
-    if peer_id_of(public_key) != vote.peer:
-        return f"a vote of {vote.peer} under another peer's key"
-    if not public_key.verify(_signed_bytes(namespace, step, attempt, vote.peer, vote.ok), vote.signature.encode()):
-        return f"a vote of {vote.peer} it did not sign"
-    return None

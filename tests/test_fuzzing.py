@@ -1,5 +1,5 @@
-"""The record validators, the frame decoder and the vote reader answer random and mutated input with a verdict,
-never a crash (tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
+"""The record validators, the frame decoder, the vote reader and the judge of shown failure votes answer random and
+mutated input with a verdict, never a crash (tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
 from __future__ import annotations
 
 import pytest
@@ -7,11 +7,14 @@ from hypothesis import HealthCheck, given, settings
 
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from tests.helpers.fuzzing import (
+    check_evidence,
     check_frame,
     check_record,
     check_votes,
+    evidence_inputs,
     frame_inputs,
     record_inputs,
+    valid_evidence,
     valid_frame,
     valid_votes,
     vote_inputs,
@@ -63,6 +66,20 @@ def test_vote_reader_answers_every_input_with_a_verdict(identity):
     @given(vote_inputs(key))
     def run(message):
         outcomes.append(check_votes(message))
+
+    run()
+    assert len(outcomes) == EXAMPLES and not all(outcomes)
+
+
+def test_the_judge_of_shown_failure_votes_answers_every_record_with_a_verdict(identity):
+    key, _ = identity
+    assert check_evidence(valid_evidence(key), key)  # the unmutated record leaves its own voter out
+    outcomes = []
+
+    @FUZZ
+    @given(evidence_inputs(key))
+    def run(value):
+        outcomes.append(check_evidence(value, key))
 
     run()
     assert len(outcomes) == EXAMPLES and not all(outcomes)

@@ -127,7 +127,8 @@ def test_a_member_that_sends_nan_or_huge_values_is_left_out_and_named_and_nobody
     honest = tensors[:2]
     # the attacker's round too: left out, it gets no averages, not even by asking a reducer again
     assert all(isinstance(outcome, PartialAllReduce) for outcome in outcomes), outcomes
-    assert all(attacker in map(str, outcome.peers) for outcome in outcomes[:2]), [o.peers for o in outcomes[:2]]
+    assert all(outcome.cause == attacker for outcome in outcomes[:2]), [o.cause for o in outcomes[:2]]
+    assert not any(outcome.peers for outcome in outcomes[:2])  # it answers: named as the cause, not as unreachable
     for seed, local in enumerate(honest):
         for got, original in zip(local, _tensors(seed)):
             assert torch.equal(got, original)  # untouched: no NaN reached an honest replica
@@ -157,7 +158,7 @@ def test_a_reducer_that_answers_nan_or_scaled_averages_is_named_and_nobody_appli
     tensors, outcomes, liar = asyncio.run(_round_with_member_2(PROMPT, hostile=hostile))
     honest = tensors[:2]
     for outcome in outcomes[:2]:
-        assert isinstance(outcome, PartialAllReduce) and liar in outcome.peers, outcome
+        assert isinstance(outcome, PartialAllReduce) and outcome.cause == liar and not outcome.peers, outcome
         assert "sent an average with" in str(outcome), outcome
     for seed, local in enumerate(honest):
         for got, original in zip(local, _tensors(seed)):

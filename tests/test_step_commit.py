@@ -15,7 +15,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.votes import VoteMessage, signed_vote
+from hetswarm.protocol.vote_signing import signed_vote
+from hetswarm.protocol.votes import VoteMessage
 from tests.helpers.p2p_nodes import keyed_p2ps
 
 pytestmark = pytest.mark.swarm
@@ -145,12 +146,20 @@ def test_a_relayed_vote_its_member_did_not_sign_is_refused_and_the_relayer_named
     assert all(key[0] == 4 for key in target._votes) and len(VoteMessage.parse_raw(held).votes) == 3
 
 
-def test_a_member_that_signs_both_votes_is_named_and_its_first_vote_stands(tmp_path):
+def test_a_member_that_signs_two_votes_is_named_and_its_first_vote_stands(tmp_path):
     keys = [load_identity(tmp_path / f"peer{index}.key") for index in range(2)]
     ids = [PeerID.from_base58(peer_id_of(key.get_public_key())) for key in keys]
     board = CommitBoard(SimpleNamespace(peer_id=ids[0]), ids, namespace=NAMESPACE, private_key=keys[0])
     success, failure = (signed_vote(keys[1], namespace=NAMESPACE, step=4, attempt=0, ok=ok) for ok in (True, False))
     board.record((4, 0), [success], relayer=ids[1])
     board.record((4, 0), [failure], relayer=ids[0])
-    assert "signed both votes" in board.forgeries[ids[1]]
+    assert "signed two votes (kept its success)" in board.forgeries[ids[1]]
     assert board.outcome((4, 0)) is None  # its success stands; this member's own vote is still to come
+    # two failures that name different causes are two votes too: evidence must show the one it cast first
+    first, other = (signed_vote(keys[1], namespace=NAMESPACE, step=4, attempt=1, ok=False, cause=cause)
+                    for cause in (None, ids[0].to_base58()))
+    board.record((4, 1), [first], relayer=ids[1])
+    board.forgeries.clear()
+    board.record((4, 1), [other], relayer=ids[0])
+    assert "signed two votes (kept its failure)" in board.forgeries[ids[1]]
+    assert [vote.cause for attempt in board.aborted(4) for vote in attempt.failures] == [None]

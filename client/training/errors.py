@@ -25,18 +25,23 @@ def dial_failed(error: BaseException) -> bool:
 class StageError(HetswarmError):
     """A training step of this stage could not finish; the optimizer has not been stepped."""
 
-    def __init__(self, message: str, *, peers: Iterable[object] = ()) -> None:
+    def __init__(self, message: str, *, peers: Iterable[object] = (), cause: object | None = None) -> None:
         super().__init__(message)
         self.peers: tuple[str, ...] = tuple(str(peer) for peer in peers)
-        """The peers this failure points at (a silent or unreachable neighbour, members an all-reduce left out,
+        """The peers this failure found unreachable or silent (a neighbour that cannot be dialled or sent nothing,
         members whose commit vote never came): the trainer reports them to the coordinator at once."""
+        self.cause: str | None = str(cause) if cause is not None else (self.peers[0] if self.peers else None)
+        """The member whose frame, part or average failed this attempt, which this peer's failure vote names
+        (client/training/step_commit.py); a peer that answers but refused or sent something bad is a cause, not
+        unreachable."""
 
 
 class FrameRefused(StageError):
     """A neighbour refused our activations or gradients (its reason is in the message), or could not be reached."""
 
-    def __init__(self, message: str, *, peers: Iterable[object] = (), verdict: str | None = None) -> None:
-        super().__init__(message, peers=peers)
+    def __init__(self, message: str, *, peers: Iterable[object] = (), cause: object | None = None,
+                 verdict: str | None = None) -> None:
+        super().__init__(message, peers=peers, cause=cause)
         self.verdict = verdict
         """The neighbour's own answer, when it answered with a refusal."""
 

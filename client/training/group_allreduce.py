@@ -484,7 +484,8 @@ class StageGroup:
                 async for index, averaged in aenumerate(runner):
                     copies[index].copy_(averaged)  # the reducers' averages, bit-identical on every member
         except Exception as e:  # a broken round, or TimeoutError: either way the average is incomplete
-            raise PartialAllReduce(f"all-reduce of step {step} failed: {e!r}") from e
+            raise PartialAllReduce(f"all-reduce of step {step} failed: {e!r}",
+                                   cause=next(iter([*runner.bad_reducers, *runner.reducer_failures]), None)) from e
         finally:
             self.router.unregister(runner)
         await self._finish_answering(round_, step)
@@ -495,7 +496,7 @@ class StageGroup:
             raise PartialAllReduce(
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}",
-                peers=[*banned, *runner.bad_reducers])
+                cause=next(iter([*runner.bad_reducers, *banned, *runner.reducer_failures]), None))
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)

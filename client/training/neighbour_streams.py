@@ -242,20 +242,20 @@ async def send_frame(
         try:
             response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
         except TimeoutError:
-            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s") from None  # slow, not gone
+            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s", cause=peer) from None  # slow, not gone
         except ValueError as e:  # hivemind's asingle(): the stream closed with no answer; delivered or not
             logger.debug(f"Outcome of sending {what} to {peer} unknown (try {tried}): {e}", exc_info=True)
             if tried == _SEND_TRIES:
                 raise FrameRefused(f"outcome of sending {what} to {peer} still unknown after {tried} tries: "
-                                   f"{e!r}") from e
+                                   f"{e!r}", cause=peer) from e
             await asyncio.sleep(_SEND_RETRY_PAUSE_S)
             continue
         except Exception as e:  # P2PDaemonError, P2PHandlerError, a broken connection: the peer is unreachable
             gone = [peer] if dial_failed(e) else []  # only a failed dial says the peer is gone
-            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=gone) from e
+            raise FrameRefused(f"could not deliver {what} to {peer}: {e!r}", peers=gone, cause=peer) from e
         if response.metadata:
             verdict = response.metadata.decode(errors="replace")
-            raise FrameRefused(f"{peer} refused {what}: {verdict}", verdict=verdict)
+            raise FrameRefused(f"{peer} refused {what}: {verdict}", cause=peer, verdict=verdict)
         return
 
 
@@ -331,7 +331,7 @@ class NeighbourStreams:
                                   f"within {self.frame_timeout_s} s", peers=[sender]) from None
         if tensor is None:
             raise NeighbourSilent(f"{sender} moved on to step {step + 1} without sending {kind} of step {step}, "
-                                  f"micro-batch {micro_batch}")
+                                  f"micro-batch {micro_batch}", cause=sender)
         return tensor
 
     async def wait_for(self, peers: Iterable[PeerID], timeout_s: float) -> None:

@@ -61,7 +61,7 @@ from hetswarm.client.training.pipeline_schedule import pass_order
 from hetswarm.client.training.reference import micro_batch_loss
 from hetswarm.client.training.replica_sync import ReplicaSync
 from hetswarm.client.training.stage_state import StageState
-from hetswarm.client.training.step_commit import CommitBoard
+from hetswarm.client.training.step_commit import CommitBoard, StepKey
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import peer_id_of
@@ -110,6 +110,9 @@ class StageConfig:
     """How long start_stage waits for the neighbours and the group to come up."""
     commit_timeout_s: float = 60.0
     """How long a peer may wait to learn every member's commit vote before the step's outcome counts as unknown."""
+    blame_grace_s: float = 0.25
+    """How long a peer whose attempt failed waits for news of a failure elsewhere before it casts a failure vote
+    of its own (`StageWorker._vote`): about the time a vote takes to reach every member."""
     max_attempts: int = 3
     """Attempts of one step per ``run_step`` call before it raises StepAborted."""
     check_every: int = 50
@@ -126,6 +129,8 @@ class StageConfig:
         if self.frame_timeout_s <= 0 or self.start_timeout_s <= 0 or self.commit_timeout_s <= 0:
             raise ConfigError(f"timeouts must be positive, got {self.frame_timeout_s}, {self.start_timeout_s} and "
                               f"{self.commit_timeout_s}")
+        if self.blame_grace_s < 0:
+            raise ConfigError(f"need blame_grace_s >= 0, got {self.blame_grace_s}")
         if self.max_attempts < 1 or self.check_every < 1:
             raise ConfigError(f"need max_attempts >= 1 and check_every >= 1, got {self.max_attempts} and "
                               f"{self.check_every}")
@@ -230,6 +235,9 @@ class StageWorker:
         self.on_failure: Callable[[StageError], None] | None = None
         """Called with each failure of an attempt here, before the plan's vote: a driver reports it at once."""
         self._attempt: tuple[int, int] | None = None  # (step, next attempt) of the step not yet committed
+        self._unreachable: set[str] = set()
+        """Peers this step's failed attempts found unreachable: its StepAborted names them too, so that the report
+        it makes does not hide the earlier ones."""
         self._ahead: asyncio.Task[_Ahead] | None = None
         """The next step's passes, running while the plan votes on this one."""
 
@@ -253,7 +261,7 @@ class StageWorker:
         if self.next_step is not None and step < self.next_step:
             raise ConfigError(f"steps only go forward: step {step} was asked for after step {self.next_step - 1}")
         if self._attempt is None or self._attempt[0] != step:
-            self._attempt = (step, 0)
+            self._attempt, self._unreachable = (step, 0), set()
         clock = _Clock()
         _CLOCK.set(clock)
         wall_clock = time.time()
@@ -274,7 +282,7 @@ class StageWorker:
             self.retries += 1
         else:
             raise StepAborted(f"step {step}: {self.config.max_attempts} attempts in a row were aborted; "
-                              f"the last was attempt {self._attempt[1] - 1}")
+                              f"the last was attempt {self._attempt[1] - 1}", peers=sorted(self._unreachable))
         checked = self._checks_replicas_after(step, attempt)
         self.next_step = step + 1
         if checked and await self._waiting(self.replicas.check(step)):
@@ -324,8 +332,11 @@ class StageWorker:
         if not succeeded:
             logger.warning(f"Step {step}, attempt {attempt} failed here: "
                            f"{error if error is not None else 'another peer of the plan failed it'}")
+            if error is not None:
+                self._unreachable.update(error.peers)
             if error is not None and self.on_failure is not None:
                 self.on_failure(error)
+        vote, cause = await self._vote(key, succeeded, error)
         loss, grads = body.result() if succeeded else (None, [])
         before = None
         if capture is not None and succeeded:
@@ -333,7 +344,8 @@ class StageWorker:
         elif capture is not None:
             capture.cancel()
         try:
-            committed = await self._waiting(self.board.decide(key, succeeded, timeout_s=self.config.commit_timeout_s))
+            committed = await self._waiting(self.board.decide(key, vote, cause=cause,
+                                                              timeout_s=self.config.commit_timeout_s))
         except BaseException:  # the outcome is unknown (or we are cancelled): this peer must not have applied it
             if before is not None:
                 await self._roll_back(before)
@@ -350,6 +362,17 @@ class StageWorker:
         if before is None:
             await self._apply(grads)
         return loss
+
+    async def _vote(self, key: StepKey, succeeded: bool, error: StageError | None) -> tuple[bool | None, str | None]:
+        """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
+        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its
+        own (cancelled streams and broken rounds follow an abort): a vote would implicate peers that did nothing
+        wrong (coordinator/failure_votes.py)."""
+        if succeeded:
+            return True, None
+        if error is None or await self.board.failed_within(key, self.config.blame_grace_s):
+            return None, None
+        return False, error.cause
 
     async def _apply(self, grads: list[torch.Tensor]) -> None:
         for param, grad in zip(self.module.parameters(), grads):

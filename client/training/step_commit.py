@@ -3,7 +3,8 @@
 A step is tried as attempt 0, 1, ... with the same data. Frames and all-reduce group ids carry (step, attempt),
 so nothing of an aborted attempt leaks into the next. After its forward, backward and stage all-reduce, every
 peer casts an immutable vote for (step, attempt): success, or failure (a refused, lost or unanswered frame, a
-silent neighbour, a partial all-reduce). The decision is a pure function of the votes:
+silent neighbour, a partial all-reduce), naming the member at fault when it knows one; a peer that stopped only
+because it learnt of another's failure abstains. The decision is a pure function of the votes:
 
   * some vote is a failure      -> abort: gradients zeroed, no optimizer step, retry as attempt + 1;
   * every member voted success  -> commit: apply the averaged gradients, go to the next step (a single stage has
@@ -25,10 +26,13 @@ it neither commits nor retries, and waits for a new plan.
 The board keeps the votes of the last few steps, so a peer that has moved on still answers a slower one. Every vote
 travels with its member's signature (protocol/votes.py), relayed or not: a vote its member did not sign is refused
 and whoever relayed it is named (`forgeries`), and a member that signed both votes for one attempt is named too (its
-first vote stands). A board holds votes for a bounded number of keys, near the step it is at.
+first vote stands). A board holds votes for a bounded number of keys, near the step it is at. The failure votes of
+a step's aborted attempts are what a member shows the coordinator when the plan cannot commit that step
+(`aborted`; coordinator/failure_votes.py judges them).
 """
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -37,7 +41,9 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.errors import CommitUnknown
-from hetswarm.protocol.votes import SignedVote, VoteMessage, forgery, read_votes, signed_vote
+from hetswarm.protocol.limits import MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
+from hetswarm.protocol.vote_signing import forgery, signed_vote
+from hetswarm.protocol.votes import AbortedAttempt, SignedVote, VoteMessage, read_votes
 
 __all__ = ["CommitBoard", "StepKey"]
 
@@ -53,6 +59,17 @@ _MAX_KEYS = 4 * _KEEP_STEPS + 8
 """Keys (step, attempt) a board holds votes for: a member cannot make it keep votes for any number of them."""
 _STEPS_AHEAD = 2
 """How far past the step a board is at a vote may be (a neighbour that finished first is one step ahead)."""
+
+
+_HOSTILE_VOTES = os.environ.get("HETSWARM_TEST_HOSTILE_VOTES")
+"""Test only (tests/test_attacks.py): while the file it names exists, this peer is a member that freezes the plan,
+voting failure on every attempt and naming another member as the cause, a different one each attempt."""
+
+
+def _hostile_vote(key: StepKey, vote: bool, cause: str | None, others: Sequence[PeerID]) -> tuple[bool, str | None]:
+    if _HOSTILE_VOTES is None or not others or not os.path.exists(_HOSTILE_VOTES):
+        return vote, cause
+    return False, others[key[1] % len(others)].to_base58()
 
 
 class CommitBoard(ServicerBase):
@@ -103,8 +120,8 @@ class CommitBoard(ServicerBase):
                 self._name(relayer, f"relayed {why}", key)
             elif held is None:
                 known[peer] = vote
-            elif held.ok != vote.ok:
-                self._name(peer, f"signed both votes (kept {'success' if held.ok else 'failure'})", key)
+            elif (held.ok, held.cause) != (vote.ok, vote.cause):
+                self._name(peer, f"signed two votes (kept its {'success' if held.ok else 'failure'})", key)
         self._changed.set()
 
     def _name(self, peer: PeerID, why: str, key: StepKey) -> None:
@@ -124,23 +141,48 @@ class CommitBoard(ServicerBase):
             self._changed.clear()
             await self._changed.wait()
 
+    async def failed_within(self, key: StepKey, seconds: float) -> bool:
+        """Whether some member's failure vote for ``key`` is known here within `seconds`."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self.wait_failed(key)
+            return True
+        except TimeoutError:
+            return False
+
+    def aborted(self, step: int) -> list[AbortedAttempt]:
+        """The failure votes this board holds for the last aborted attempts of `step`: the evidence of who
+        aborted them (protocol/votes.py), a record's worth."""
+        found = []
+        for key, votes in sorted(self._votes.items()):
+            failures = sorted((vote for vote in votes.values() if not vote.ok), key=lambda vote: vote.peer)
+            if key[0] == step and failures:
+                found.append(AbortedAttempt(step=step, attempt=key[1], failures=failures[:MAX_FAILURES_PER_ATTEMPT]))
+        return found[-MAX_ABORTED_PER_RECORD:]
+
     def prune(self, step: int) -> None:
         """Moves the board to `step`: forgets votes of steps before ``step - _KEEP_STEPS``."""
         self._step = step
         for key in [key for key in self._votes if key[0] < step - _KEEP_STEPS]:
             del self._votes[key]
 
-    async def decide(self, key: StepKey, vote: bool, *, timeout_s: float) -> bool:
-        """Casts this peer's vote and returns the plan's decision: True to commit, False to abort.
+    async def decide(self, key: StepKey, vote: bool | None, *, cause: str | None = None, timeout_s: float) -> bool:
+        """Casts this peer's vote (a failure naming its `cause`, the member that failed it, when known) and returns
+        the plan's decision: True to commit, False to abort. ``vote=None`` abstains: a peer that stopped because it
+        learnt another's failure casts no vote of its own (it would implicate nobody truly at fault:
+        coordinator/failure_votes.py), and still relays the votes it holds.
 
         Raises:
             CommitUnknown: some member's vote could not be learnt within ``timeout_s``, and no failure is known.
         """
-        mine = signed_vote(self.private_key, namespace=self.namespace, step=key[0], attempt=key[1], ok=vote)
-        self.record(key, [mine], relayer=self.p2p.peer_id)
         others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
-        for peer in others:  # push our vote to everyone
-            self._call(peer, key)
+        if vote is not None:
+            vote, cause = _hostile_vote(key, vote, cause, others)
+            mine = signed_vote(self.private_key, namespace=self.namespace, step=key[0], attempt=key[1], ok=vote,
+                               cause=None if vote or cause not in self._by_name else cause)
+            self.record(key, [mine], relayer=self.p2p.peer_id)
+            for peer in others:  # push our vote to everyone
+                self._call(peer, key)
         deadline, pause = time.monotonic() + timeout_s, _POLL_MIN_S
         while (outcome := self.outcome(key)) is None:
             if time.monotonic() > deadline:

@@ -38,7 +38,7 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.data import TokenSource
-from hetswarm.client.training.errors import CommitUnknown, StageError
+from hetswarm.client.training.errors import CommitUnknown, StageError, StepAborted
 from hetswarm.client.training.stage_state import StageState, merged, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
 from hetswarm.client.training.state_handoff import (
@@ -369,10 +369,13 @@ class Trainer:
             except StageError as e:
                 failures += 1
                 logger.warning(f"Step {step} failed ({failures}/{self.config.max_failures}), retrying it: {e}")
-                if failures >= self.config.max_failures:
+                stalled = failures >= self.config.max_failures
+                if stalled:
                     logger.warning(f"Step {step} failed {failures} times in a row; stalled, waiting for a new "
                                    f"assignment")
-                    self._report_trouble(assignment, step, "stalled", e, worker)
+                if stalled or isinstance(e, StepAborted):  # the votes that aborted it: evidence for the coordinator
+                    self._report_trouble(assignment, step, "stalled" if stalled else "retrying", e, worker)
+                if stalled:
                     return
                 await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # the same step: no peer of the plan applied it
@@ -447,13 +450,15 @@ class Trainer:
 
     def _report_trouble(self, assignment: Assignment, step: int, health: Health, error: StageError,
                         worker: StageWorker | None = None) -> None:
-        """Tells the coordinator at once (a Progress record) that this peer cannot train `step`, why, and which
-        peers of the plan it could not reach, so that it can re-plan before their records expire."""
+        """Tells the coordinator at once (a Progress record) that this peer cannot train `step`, why, which peers
+        of the plan it could not reach, so that it can re-plan before their records expire, and the signed failure
+        votes of the attempts of `step` the plan aborted, so that it can leave out whoever caused them."""
         self._progress.submit(Progress(
             peer_id=self.node.peer_id, assignment_version=assignment.version, step=step, loss=None,
             tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries if worker else 0,
             resyncs=worker.resyncs if worker else 0, health=health, reason=str(error)[:256],
             unreachable=[peer for peer in dict.fromkeys(error.peers) if peer in assignment.roles][:MAX_UNREACHABLE_PER_RECORD],
+            aborted=worker.board.aborted(step) if worker else [],
             updated_at=get_dht_time(), **(self._origin_fields() if worker else {})))  # with a worker, it holds state
 
 

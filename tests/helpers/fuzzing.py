@@ -1,6 +1,7 @@
 """Fuzz targets of the parsers that take bytes from strangers: the record validators every DHT node runs
-(protocol/signing.py, with the schemas of protocol/records.py), the frame decoder (protocol/framing.py) and the
-commit votes' reader and signature check (protocol/votes.py).
+(protocol/signing.py, with the schemas of protocol/records.py), the frame decoder (protocol/framing.py), the
+commit votes' reader and signature check (protocol/votes.py, protocol/vote_signing.py), and the coordinator's
+judgement of the failure votes a Progress record shows (coordinator/failure_votes.py).
 
 A target passes when the parser answers every input with a verdict (a bool, a ValidationError, a FrameError)
 and never with another exception. tests/test_fuzzing.py runs them for a bounded number of inputs;
@@ -21,13 +22,17 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from hypothesis import strategies as st
 
+from hetswarm.coordinator.failure_votes import MIN_ABORTS, judge_aborts
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
-from hetswarm.protocol.keys import dht_key
+from hetswarm.protocol.identity import peer_id_of
+from hetswarm.protocol.keys import commit_namespace, dht_key
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
-from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
+from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, Progress
 from hetswarm.protocol.signing import make_validators
-from hetswarm.protocol.votes import VoteMessage, forgery, read_votes, signed_vote
+from hetswarm.protocol.vote_signing import forgery, signed_vote
+from hetswarm.protocol.votes import AbortedAttempt, VoteMessage, read_votes
 from hetswarm.protocol.wire_format import CODECS, DELTA_CODECS, Codec
+from tests.helpers.tiny_training import assignment_for
 
 SWARM = "fuzz"
 SHAPE = (2, 4, 8)
@@ -197,7 +202,7 @@ def vote_inputs(draw, key: RSAPrivateKey) -> bytes:
         case "field":
             message[draw(st.sampled_from(["step", "attempt", "votes", "x"]))] = draw(values)
         case "vote":
-            vote[draw(st.sampled_from(["peer", "ok", "public_key", "signature", "x"]))] = draw(values)
+            vote[draw(st.sampled_from(["peer", "ok", "cause", "public_key", "signature", "x"]))] = draw(values)
         case "copies":
             message["votes"] = [vote] * draw(st.integers(0, 600))
         case "raw":
@@ -214,3 +219,39 @@ def check_votes(message: bytes) -> bool:
         return False
     return any(forgery(vote, namespace=VOTE_NAMESPACE, step=parsed.step, attempt=parsed.attempt) is None
                for vote in parsed.votes)
+
+
+# ---- failure votes shown as evidence --------------------------------------------------------------------------
+
+EVIDENCE_SWARM = "fuzz"
+
+
+def evidence_plan(key: RSAPrivateKey) -> Assignment:
+    """A 1 × 2 plan of `key`'s peer and another."""
+    return assignment_for([[peer_id_of(key.get_public_key()), "Qm" + "b" * 44]], coordinator_id="Qm" + "c" * 44)
+
+
+def valid_evidence(key: RSAPrivateKey) -> dict:
+    """The Progress record of `key`'s peer showing its own failure votes at MIN_ABORTS attempts of step 5."""
+    plan, peer = evidence_plan(key), peer_id_of(key.get_public_key())
+    namespace = commit_namespace(EVIDENCE_SWARM, plan.version)
+    aborted = [AbortedAttempt(step=5, attempt=attempt, failures=[signed_vote(
+        key, namespace=namespace, step=5, attempt=attempt, ok=False, cause=None)]) for attempt in range(MIN_ABORTS)]
+    return Progress(peer_id=peer, assignment_version=plan.version, step=5, loss=None, tokens_per_s=0.0,
+                    compute_s=0.0, wait_s=0.0, health="retrying", aborted=aborted, updated_at=get_dht_time()).dict()
+
+
+def evidence_inputs(key: RSAPrivateKey) -> st.SearchStrategy:
+    """Whole random values, and the valid record with one field of it (a vote's included) replaced."""
+    base = valid_evidence(key)
+    return st.one_of(values, st.builds(mutated, st.just(base), st.sampled_from(list(_paths(base))), values))
+
+
+def check_evidence(value, key: RSAPrivateKey) -> bool:
+    """True if the record parses and its evidence leaves some peer out, False otherwise; any other exception
+    propagates."""
+    try:
+        record = Progress.parse_obj(value)
+    except (pydantic.ValidationError, TypeError):
+        return False
+    return bool(judge_aborts(evidence_plan(key), EVIDENCE_SWARM, {record.peer_id: record}))

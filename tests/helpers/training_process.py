@@ -21,13 +21,15 @@ import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.local.preimported import SERVER
+from hetswarm.client.training import step_commit
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import FrameRefused, PartialAllReduce
-from hetswarm.client.training.group_allreduce import StageGroup
+from hetswarm.client.training.group_allreduce import ExactAllReduceRunner, StageGroup
 from hetswarm.client.training.neighbour_streams import NeighbourStreams
 from hetswarm.client.training.stage_worker import StageConfig, StepReport, start_stage
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.votes import SignedVote
 from tests.helpers.dht_nodes import start_node
 
 __all__ = ["Fault", "TrainJob", "run_training_process"]
@@ -137,6 +139,9 @@ class TrainJob:
     """Let a single stage compute the next step while the plan votes (client/training/stage_worker.py)."""
     model_dir: Path | None = None
     """This peer's copy of the folder a model with an init_digest starts from (`hetswarm join --model-dir`)."""
+    unchecked: bool = False
+    """Run without the checks against hostile members: averages and gradient parts taken as they come, votes
+    unsigned and unverified (`_without_checks`; benchmarks/check_cost.py measures what the checks cost)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -145,6 +150,8 @@ class TrainJob:
 
 def run_training_process(job: TrainJob) -> None:
     """Starts a DHT node with the swarm's validators, trains ``job.steps`` steps and writes the results."""
+    if job.unchecked:
+        _without_checks()
     dht, key = start_node(job.swarm, job.identity_path, job.initial_peers)
     try:
         if job.torch_threads is not None:
@@ -185,6 +192,19 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
         await p2p.shutdown()  # this process's client of the DHT's daemon; the daemon goes with dht.shutdown()
     results["reports"] = [asdict(report) for report in reports]
     return results
+
+
+def _without_checks() -> None:
+    """Replaces, in this process, the checks of averages, parts and votes by ones that pass everything."""
+    ExactAllReduceRunner._average_refusal = lambda self, averaged, peer_index, part_index: None
+    ExactAllReduceRunner._refusal = lambda self, part, part_index: None
+
+    def unsigned_vote(private_key, *, namespace, step, attempt, ok, cause=None) -> SignedVote:
+        return SignedVote(peer=peer_id_of(private_key.get_public_key()), ok=ok, cause=cause, public_key="unsigned",
+                          signature="unsigned")
+
+    step_commit.signed_vote = unsigned_vote
+    step_commit.forgery = lambda vote, *, namespace, step, attempt: None
 
 
 def _parameters(worker) -> dict[str, torch.Tensor]:

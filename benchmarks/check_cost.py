@@ -1,0 +1,75 @@
+"""What the checks against hostile members cost a fault-free run: steps per minute with and without them.
+
+The same 2 × 2 swarm of training processes on 127.0.0.1 (tests/helpers/tiny_training.py: the tiny model, fp32 on the
+wire, a single DHT bootstrap node, no coordinator) trains `--steps` steps, alternately with the checks and without
+them (tests/helpers/training_process.py, `unchecked`: every average and gradient part taken as it comes, votes
+neither signed nor verified), `--rounds` times each, the order swapped every round so that neither variant always
+runs first on a warm machine. A step's time is its wall time on the slowest peer; the first steps (start-up) are
+left out. Writes the "check-cost" section of benchmarks/RESULTS.md.
+
+    python benchmarks/check_cost.py [--steps 80] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.helpers
+from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
+
+from tests.helpers.golden_runs import TINY_FP32  # noqa: E402
+from tests.helpers.tiny_training import SEED, train_swarm  # noqa: E402
+
+WARMUP_STEPS = 5
+
+
+def steps_per_min(results: list[dict]) -> float:
+    """60 over the median, across steps past the warm-up, of the slowest peer's wall time of that step."""
+    steps = len(results[0]["reports"])
+    slowest = [max(result["reports"][step]["wall_s"] for result in results) for step in range(WARMUP_STEPS, steps)]
+    return 60.0 / statistics.median(slowest)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    measured: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(args.rounds):
+            for unchecked in ((False, True) if round_ % 2 == 0 else (True, False)):
+                run = Path(folder) / f"round{round_}-{'unchecked' if unchecked else 'checked'}"
+                run.mkdir()
+                results = train_swarm(run, swarm=f"checkcost{round_}{int(unchecked)}", steps=args.steps,
+                                      model=TINY_FP32, seed=SEED, unchecked=unchecked, timeout_s=600)
+                measured[unchecked].append(steps_per_min(results))
+                print(f"round {round_}, {'without' if unchecked else 'with'} checks: "
+                      f"{measured[unchecked][-1]:.0f} steps/min", flush=True)
+    checked, unchecked = statistics.median(measured[False]), statistics.median(measured[True])
+    rows = "\n".join(f"| {round_} | {a:.0f} | {b:.0f} |" for round_, (a, b) in
+                     enumerate(zip(measured[False], measured[True])))
+    markdown = f"""## Checks against hostile members: what they cost a fault-free run
+
+Command: `{command_line()}` on the project's 2-core machine (CPU, 4 training processes).
+
+A 2 × 2 swarm of the tiny model (fp32 on the wire), {args.steps} steps per run, alternately with the checks against
+hostile members (every average and gradient part checked, votes signed and verified) and without them; steps per
+minute from the slowest peer's median step time past the first {WARMUP_STEPS} steps.
+
+| round | with checks (steps/min) | without (steps/min) |
+|---|---|---|
+{rows}
+
+Median: **{checked:.0f} steps/min with the checks, {unchecked:.0f} without** ({100 * (unchecked - checked) / unchecked:+.1f} % of the
+unchecked rate lost to them).
+"""
+    print(markdown)
+    write_section("check-cost", markdown)
+
+
+if __name__ == "__main__":
+    main()

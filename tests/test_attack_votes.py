@@ -1,0 +1,118 @@
+"""A member that votes failure on every attempt is planned out by its own signed votes, and the model ends as if it
+had never been there.
+
+A coordinator (2 pipelines × 2 stages, checkpoints every 4 steps) and five clients (four placed, one standby) train
+the tiny model with fp32 on the wire. At a random step one placed member turns hostile (a test-only switch,
+HETSWARM_TEST_HOSTILE_VOTES): from then on it votes failure on every attempt, naming another member as the cause,
+a different one each time, so that no step commits. The honest members show the coordinator the signed failure
+votes of the aborted attempts; the coordinator leaves the attacker out, says why in its refusals, and the standby
+takes its place with the state handed off by its stage's replica. Nobody honest is left out, and the parameters
+after the last step equal, within 1e-5, those of a plain 2 × 2 run of as many steps on the same data, as does every
+step's loss.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.training.checkpoints import CheckpointDir
+from hetswarm.client.training.stage_state import units_of_layers
+from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.keys import PROGRESS_FIELD
+from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.records import Assignment
+from tests.helpers.dht_nodes import start_node
+from tests.helpers.golden_runs import CHECKPOINT_EVERY, final_state, losses
+from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
+from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY
+from tests.helpers.waiting import wait_until
+
+pytestmark = pytest.mark.swarm
+
+SWARM = "freeze"
+STEPS = 48
+NAMES = [f"peer{i}" for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory, golden_swarm) -> dict:
+    tmp = tmp_path_factory.mktemp("freeze")
+    found: dict = {}
+    ids = {peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()): name for name in NAMES}
+    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
+        swarm.start_coordinator(
+            "coordinator", "--model", str(model_file(tmp)), "--min-peers", "5", "--dp", str(D_DP), "--pp", str(D_PP),
+            "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600",
+            "--payback-steps", "0", "--checkpoint-every", str(CHECKPOINT_EVERY), "--seed", str(SEED))
+        clients = [swarm.start_client(
+            name, "--coordinator", swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed", str(SEED),
+            "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt-{name}"),
+            env={"HETSWARM_TEST_HOSTILE_VOTES": str(tmp / f"hostile-{name}")}) for name in NAMES]
+        via = clients[0].wait_for(JOINED, 120).group(1)
+        observer, _ = start_node(SWARM, tmp / "observer.key", [via])
+        try:
+            records = SwarmRecords(observer, SWARM, timeout_s=10)
+            plan = lambda: asyncio.run(records.assignments()).get(swarm.coordinator_id)  # noqa: E731
+            first: Assignment = wait_until("the first plan", plan, 180)
+            rng = random.Random(SEED)
+            attacker = rng.choice(sorted(first.roles))
+            wait_until("the first steps", lambda: any(
+                r.step >= 1 for r in asyncio.run(records.read(PROGRESS_FIELD)).values()), 120)
+            (tmp / f"hostile-{ids[attacker]}").touch()
+            second = wait_until("a plan without the attacker", lambda: (p := plan()) is not None
+                                and attacker not in p.roles and p, 120)
+            found["refusals"] = swarm.poll(lambda s: any(r["peer_id"] == attacker for r in s["refused"]),
+                                           timeout_s=30)["refused"]
+            wait_until(f"every member past step {STEPS - 1}", lambda: _done(records, plan()), 240)
+            wait_until(f"the step-{STEPS} checkpoints", lambda: all(
+                list((tmp / f"ckpt-{ids[saver]}" / SWARM).glob(f"*-step-{STEPS}.json"))
+                for saver in second.checkpoints.savers), 60)
+            found["final"] = {name: tensor for stage, saver in enumerate(second.checkpoints.savers)
+                              for name, tensor in _checkpoint(tmp / f"ckpt-{ids[saver]}", STEPS,
+                                                              tuple(second.stage_layers[stage])).items()}
+            found["plans"], found["attacker"] = (first, second, plan()), attacker
+            found["losses"] = logged_losses(tmp.glob("*.log"))
+        finally:
+            observer.shutdown()
+    found["baseline"] = {"final": final_state(golden_swarm, STEPS), "losses": losses(golden_swarm, STEPS)}
+    return found
+
+
+def _done(records: SwarmRecords, plan: Assignment | None) -> bool:
+    progress = asyncio.run(records.read(PROGRESS_FIELD))
+    return plan is not None and all(p in progress and progress[p].assignment_version == plan.version
+                                    and progress[p].step >= STEPS - 1 for p in plan.roles)
+
+
+def _checkpoint(folder, step: int, layers: tuple[int, int]) -> dict[str, torch.Tensor]:
+    state = CheckpointDir(folder, SWARM).find_part(step, units_of_layers(layers, TINY.n_layers))
+    assert state is not None, f"no checkpoint of step {step} in {folder}"
+    return {name: tensor for name, tensor in state.tensors.items() if ":" not in name}
+
+
+@pytest.mark.timeout(900)
+def test_the_attacker_alone_is_planned_out_and_named_with_its_votes(frozen):
+    (first, second, last), attacker = frozen["plans"], frozen["attacker"]
+    refused = {r["peer_id"]: r["reason"] for r in frozen["refusals"]}
+    assert "its failure votes aborted step" in refused[attacker], refused
+    assert set(refused) == {attacker}, refused  # none of the members it named
+    assert "its failure votes aborted step" in second.reason, second.reason
+    [standby] = set(second.roles) - set(first.roles)
+    assert second.roles[standby].stage == first.roles[attacker].stage  # it took the attacker's place
+    assert all(second.roles[p].stage == role.stage for p, role in first.roles.items() if p != attacker)
+    assert last.version == second.version  # and the swarm trained on under that plan to the end
+
+
+@pytest.mark.timeout(900)
+def test_the_model_equals_the_run_without_the_attacker(frozen):
+    baseline = frozen["baseline"]
+    assert frozen["final"].keys() == baseline["final"].keys()
+    for name, tensor in frozen["final"].items():
+        torch.testing.assert_close(tensor, baseline["final"][name], rtol=1e-5, atol=1e-5, msg=name)
+    assert set(range(STEPS)) <= set(frozen["losses"]), sorted(frozen["losses"])
+    for step in range(STEPS):
+        assert sorted(set(frozen["losses"][step])) == pytest.approx(sorted(baseline["losses"][step]), rel=1e-4), step
