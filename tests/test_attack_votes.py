@@ -27,8 +27,8 @@ from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import CHECKPOINT_EVERY, final_state, losses
-from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
-from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY
+from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
+from tests.helpers.tiny_training import SEED, TINY
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
@@ -44,10 +44,8 @@ def frozen(tmp_path_factory, golden_swarm) -> dict:
     found: dict = {}
     ids = {peer_id_of(load_identity(tmp / f"{name}.key").get_public_key()): name for name in NAMES}
     with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
-        swarm.start_coordinator(
-            "coordinator", "--model", str(model_file(tmp)), "--min-peers", "5", "--dp", str(D_DP), "--pp", str(D_PP),
-            "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600",
-            "--payback-steps", "0", "--checkpoint-every", str(CHECKPOINT_EVERY), "--seed", str(SEED))
+        swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "5",
+                                *golden_plan_args(CHECKPOINT_EVERY))
         clients = [swarm.start_client(
             name, "--coordinator", swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed", str(SEED),
             "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt-{name}"),

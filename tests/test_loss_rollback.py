@@ -18,8 +18,8 @@ from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import losses
-from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
-from tests.helpers.tiny_training import D_DP, D_PP, SEED
+from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
+from tests.helpers.tiny_training import SEED
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
@@ -38,10 +38,8 @@ def rolled_back(tmp_path_factory, golden_swarm) -> dict:
     tmp = tmp_path_factory.mktemp("rollback")
     found: dict = {}
     with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
-        swarm.start_coordinator(
-            "coordinator", "--model", str(model_file(tmp)), "--min-peers", "4", "--dp", str(D_DP), "--pp", str(D_PP),
-            "--ttl", "20", "--debounce", "1", "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600",
-            "--payback-steps", "0", "--checkpoint-every", str(EVERY), "--seed", str(SEED))
+        swarm.start_coordinator("coordinator", "--model", str(model_file(tmp)), "--min-peers", "4",
+                                *golden_plan_args(EVERY))
         clients = [swarm.start_client(
             f"peer{i}", "--coordinator", swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed",
             str(SEED), "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt{i}"), "--emulate", "worldwide",

@@ -36,17 +36,14 @@ from hetswarm.protocol.records import Assignment
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import CHECKPOINT_EVERY as EVERY
 from tests.helpers.golden_runs import SWARM_RUN, final_state, losses
-from tests.helpers.swarm_logs import JOINED, logged_losses, model_file
-from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY
+from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
+from tests.helpers.tiny_training import D_DP, SEED, TINY
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
 
 SWARM = "statetest"
-COORDINATOR_ARGS = ("--dp", str(D_DP), "--pp", str(D_PP), "--ttl", "20", "--debounce", "1",
-                    "--measure-wait", "20", "--time-budget", "1", "--reconsider", "3600", "--lost-state-wait", "600",
-                    "--checkpoint-every", str(EVERY), "--seed", str(SEED),
-                    "--payback-steps", "0")  # loopback links: a search that chases their noise never pays for moves
+COORDINATOR_ARGS = (*golden_plan_args(EVERY), "--lost-state-wait", "600")
 
 
 class Scenario:

@@ -25,7 +25,7 @@ it neither commits nor retries, and waits for a new plan.
 
 The board keeps the votes of the last few steps, so a peer that has moved on still answers a slower one. Every vote
 travels with its member's signature (protocol/votes.py), relayed or not: a vote its member did not sign is refused
-and whoever relayed it is named (`forgeries`), and a member that signed both votes for one attempt is named too (its
+and whoever relayed it is named (`forgeries`), and a member that signed two votes for one attempt is named too (its
 first vote stands). A board holds votes for a bounded number of keys, near the step it is at. The failure votes of
 a step's aborted attempts are what a member shows the coordinator when the plan cannot commit that step
 (`aborted`; coordinator/failure_votes.py judges them).
@@ -62,7 +62,7 @@ _STEPS_AHEAD = 2
 
 
 _HOSTILE_VOTES = os.environ.get("HETSWARM_TEST_HOSTILE_VOTES")
-"""Test only (tests/test_attacks.py): while the file it names exists, this peer is a member that freezes the plan,
+"""Test only (tests/test_attack_votes.py): while the file it names exists, this peer is a member that freezes the plan,
 voting failure on every attempt and naming another member as the cause, a different one each attempt."""
 
 
@@ -89,7 +89,7 @@ class CommitBoard(ServicerBase):
         self._step: int | None = None
         """The step this board is at (`prune`); None before its first."""
         self.forgeries: dict[PeerID, str] = {}
-        """Peers that relayed a vote its member did not sign, or signed both votes for one attempt: the last, why."""
+        """Peers that relayed a vote its member did not sign, or signed two votes for one attempt: the last, why."""
         self._changed = asyncio.Event()
         self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
         """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote

@@ -369,14 +369,13 @@ class Trainer:
             except StageError as e:
                 failures += 1
                 logger.warning(f"Step {step} failed ({failures}/{self.config.max_failures}), retrying it: {e}")
-                stalled = failures >= self.config.max_failures
-                if stalled:
+                if failures >= self.config.max_failures:
                     logger.warning(f"Step {step} failed {failures} times in a row; stalled, waiting for a new "
                                    f"assignment")
-                if stalled or isinstance(e, StepAborted):  # the votes that aborted it: evidence for the coordinator
-                    self._report_trouble(assignment, step, "stalled" if stalled else "retrying", e, worker)
-                if stalled:
+                    self._report_trouble(assignment, step, "stalled", e, worker)
                     return
+                if isinstance(e, StepAborted):  # with the votes that aborted it: evidence for the coordinator
+                    self._report_trouble(assignment, step, "retrying", e, worker)
                 await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # the same step: no peer of the plan applied it
             failures = 0
