@@ -67,8 +67,10 @@ def main() -> None:
         sign_ms, verify_ms = vote_costs_ms(Path(folder))
     checked, unchecked = statistics.median(measured[False]), statistics.median(measured[True])
     step_ms = 60e3 / checked
-    rows = "\n".join(f"| {round_} | {a:.0f} | {b:.0f} | {b / a:.2f} |" for round_, (a, b) in
-                     enumerate(zip(measured[False], measured[True])))
+    ratios = [b / a for a, b in zip(measured[False], measured[True])]
+    paired = statistics.median(ratios)
+    rows = "\n".join(f"| {round_} | {a:.0f} | {b:.0f} | {ratio:.2f} |" for round_, (a, b, ratio) in
+                     enumerate(zip(measured[False], measured[True], ratios)))
     markdown = f"""## Checks against hostile members: what they cost a fault-free run
 
 Command: `{command_line()}` on the project's 2-core machine (CPU, 4 training processes).
@@ -81,12 +83,12 @@ minute from the slowest peer's median step time past the first {WARMUP_STEPS} st
 |---|---|---|---|
 {rows}
 
-Median: **{checked:.0f} steps/min with the checks, {unchecked:.0f} without**: the checks cost
-{100 * (unchecked - checked) / unchecked:.1f} % of the unchecked rate, a figure within the spread of the rounds on
-this shared machine. What the votes' part costs, measured in this process: signing one vote takes {sign_ms:.2f} ms
-and verifying one {verify_ms:.3f} ms, so a member's own vote and the 3 others' take
-{sign_ms + 3 * verify_ms:.2f} ms of a {step_ms:.0f} ms step ({100 * (sign_ms + 3 * verify_ms) / step_ms:.1f} %); the
-average and part checks are a finiteness test and a norm per part, on tensors the all-reduce already walks.
+Median: **{checked:.0f} steps/min with the checks, {unchecked:.0f} without**; the rounds' paired ratios run from
+{min(ratios):.2f} to {max(ratios):.2f}, median {paired:.2f}: the checks cost about {100 * (1 - 1 / paired):.0f} % of
+the rate on this shared machine. The votes' part, timed in this process: signing one vote takes {sign_ms:.2f} ms and
+verifying one {verify_ms:.3f} ms, so a member's own vote and the 3 others' take {sign_ms + 3 * verify_ms:.2f} ms of a
+{step_ms:.0f} ms step ({100 * (sign_ms + 3 * verify_ms) / step_ms:.1f} %); the average and part checks are a
+finiteness test and a norm per part, on tensors the all-reduce already walks.
 """
     print(markdown)
     write_section("check-cost", markdown)

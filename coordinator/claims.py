@@ -16,6 +16,12 @@ what is measured wins over what is said, once it says something clear.
 A compute time no device could achieve (its stage's FLOPs at more than MAX_TFLOPS; 5e-324 s would price a peer as
 infinitely fast) is not a measurement: it is left out, and the peer is flagged and priced at no more than the
 median claim of the peers in view until it reports times a device can have.
+
+A claim is on probation until its peer's reports confirm it (`min_reports` steps, judged among at least `min_peers`
+members): until then the peer is priced at no more than the median claim of the peers in view, and flagged when
+that is less than it claims. A stranger that claims 10,000 TFLOPS among the first peers of a swarm is therefore
+planned as an ordinary peer, not handed the whole model; an honest fast peer waits for its first few steps (and the
+next reconsideration) to be planned at its speed.
 """
 from __future__ import annotations
 
@@ -76,12 +82,16 @@ class ClaimCheck:
             del achieved[:-KEPT_REPORTS]
 
     def judge(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
-        """The records with each flagged peer's TFLOPS replaced by what it does, and why each was flagged."""
+        """The records with each flagged peer's TFLOPS replaced by what it does (or capped while on probation), and
+        why each was flagged."""
         judged, flagged = self._impossibly_fast(records)
         efficiency = {peer: statistics.median(done) / records[peer].hardware.tflops
                       for peer, done in self._achieved.items()
                       if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
         if len(efficiency) < self.min_peers:
+            efficiency = {}
+        self._on_probation(records, set(efficiency), judged, flagged)
+        if not efficiency:
             return judged, flagged
         typical = statistics.median(efficiency.values())
         for peer, own in efficiency.items():
@@ -100,6 +110,20 @@ class ClaimCheck:
                                  f"({_times(ratio)} the swarm's efficiency); priced by what it does")
         return judged, flagged
 
+    def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: set[str], judged: dict[str, PeerRecord],
+                      flagged: dict[str, str]) -> None:
+        """Caps, in `judged`, the TFLOPS of every peer whose claim is not `confirmed` at the median claim (module
+        docstring), flagging those it lowers."""
+        if not records:
+            return
+        median_claim = statistics.median(record.hardware.tflops for record in records.values())
+        for peer, record in records.items():
+            claimed = record.hardware.tflops
+            if peer in confirmed or peer in flagged or claimed <= median_claim:
+                continue
+            judged[peer] = record.copy(update={"hardware": record.hardware.copy(update={"tflops": median_claim})})
+            flagged[peer] = (f"on probation: claims {claimed:.3g} TFLOPS, priced at the median claim "
+                             f"{median_claim:.3g} until its compute reports confirm it")
 
     def _impossibly_fast(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
         """The records with the TFLOPS of each peer whose reports no device could make capped at the median claim,

@@ -1,14 +1,17 @@
 """A peer that claims far more TFLOPS than its reported compute times show is priced by what it does and flagged;
 honest peers, however far a matmul benchmark is from a training step, are left alone, unless one computes unlike its
-claim by more than the trust band (coordinator/claims.py)."""
+claim by more than the trust band; a claim over the median waits on probation until reports confirm it, so a
+stranger's 10,000 TFLOPS buys it nothing in a fresh swarm (coordinator/claims.py)."""
 from __future__ import annotations
 
 import pytest
 
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.live_cost import Execution, StageCosts
+from hetswarm.coordinator.planner import PlannerConfig, propose
+from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.records import Progress
-from tests.helpers.plans import plan
+from tests.helpers.plans import MODEL, SEARCH, plan, worldwide_records
 from tests.helpers.swarm_records import record
 
 
@@ -39,17 +42,35 @@ def test_a_peer_claiming_a_hundred_times_its_compute_is_priced_by_what_it_does()
     assert all(judged[p] == records[p] for p in peers if p != liar)
 
 
-def test_honest_peers_of_different_speeds_are_not_flagged_and_too_few_reports_judge_nobody():
+def test_claims_over_the_median_wait_on_probation_until_reports_confirm_them_and_honest_ones_are_then_left_alone():
     assignment = plan()
     peers = sorted(assignment.roles)
-    speeds = dict(zip(peers, [1.0, 2.0, 4.0, 8.0]))
+    speeds = dict(zip(peers, [1.0, 2.0, 4.0, 8.0]))  # the median claim is 3
     records = {p: record(p, tflops=speeds[p]) for p in peers}
     check = ClaimCheck()
     check.observe(assignment, _reports(assignment, {p: 0.4 / speeds[p] for p in peers}, 1))
-    assert check.judge(records) == (records, {})  # one report each: not enough to judge
+    judged, flagged = check.judge(records)  # one report each: not enough to judge, so not enough to confirm
+    assert {p: judged[p].hardware.tflops for p in peers} == dict(zip(peers, [1.0, 2.0, 3.0, 3.0]))
+    assert set(flagged) == set(peers[2:]) and all("on probation" in why for why in flagged.values())
     for step in range(2, 5):
         check.observe(assignment, _reports(assignment, {p: 0.4 / speeds[p] for p in peers}, step))
     assert check.judge(records) == (records, {})  # faster peers do their claims' worth: nobody is flagged
+
+
+def test_a_stranger_claiming_ten_thousand_tflops_in_a_fresh_swarm_is_planned_as_an_ordinary_peer():
+    """Taken at its word, the liar gets the whole model under the default auto shape, and the three honest peers
+    stand by; on probation it is priced as they are, and the plan is the one of four honest peers."""
+    honest = worldwide_records(4)
+    liar = sorted(honest)[1]
+    lying = {**honest, liar: record(liar, site=honest[liar].site, links=honest[liar].links, tflops=10_000.0)}
+    config = PlannerConfig(model=MODEL, search=SEARCH)
+    on_its_word = propose(build_view(lying), config)
+    assert on_its_word.plan.grid.shape == (1, 1) and list(on_its_word.view.peer_ids) == [liar]
+    judged, flagged = ClaimCheck().judge(lying)
+    assert judged[liar].hardware.tflops == 1.0 and "on probation: claims 1e+04 TFLOPS" in flagged[liar]
+    planned, expected = propose(build_view(judged), config), propose(build_view(honest), config)
+    assert planned.plan.grid.shape == expected.plan.grid.shape != (1, 1)
+    assert planned.live.total_s == pytest.approx(expected.live.total_s, rel=1e-6)
 
 
 def test_a_peer_computing_unlike_its_claim_beyond_the_band_is_priced_by_what_it_does_either_way():

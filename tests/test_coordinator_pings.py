@@ -43,6 +43,10 @@ def test_a_dead_peer_and_a_peer_without_the_probe_handler_do_not_answer_a_live_o
     assert {names[peer] for peer in silent} == {"bare", "dead"}
 
 
+SPEEDS = {"a": 1.0, "b": 0.5, "dead": 100.0}
+"""Claimed TFLOPS: the 1 × 2 plan takes the two fastest, "a" and the dead one."""
+
+
 def test_a_placed_peer_that_does_not_answer_is_left_out_of_the_published_plan(tmp_path: Path):
     node, coordinator_key = start_node(SWARM, tmp_path / "coordinator.key")
     maddrs = [str(m) for m in node.get_visible_maddrs()]
@@ -55,9 +59,9 @@ def test_a_placed_peer_that_does_not_answer_is_left_out_of_the_published_plan(tm
         return set(peers) & {ids["dead"]}
 
     async def scenario() -> Broadcaster:
-        for name, (dht, key) in peers.items():  # each signed by its own node; the dead one is the fastest peer,
-            links = {ids[other]: link(10, 1000) for other in ids if other != name}  # so the first plan wants it
-            fresh = record(ids[name], links=links, tflops=100.0 if name == "dead" else 1.0).copy(
+        for name, (dht, key) in peers.items():  # each signed by its own node; the dead one claims to be the fastest
+            links = {ids[other]: link(10, 1000) for other in ids if other != name}  # (on probation: as fast as "a"),
+            fresh = record(ids[name], links=links, tflops=SPEEDS[name]).copy(  # so the first plan wants it
                 update={"updated_at": get_dht_time()})
             assert await SwarmRecords(dht, SWARM, private_key=key).publish(fresh, ttl_s=60.0)
         planner = PlannerConfig(model=get_model_config("tiny"), d_dp=1, d_pp=2, min_peers=2, debounce_s=0.0,

@@ -5,8 +5,9 @@ honest volunteers and a liar whose throughput cache claims 100× its TFLOPS; an 
 While they train, an attacker with its own identity stores a record with an infinite link, publishes a forged
 Progress at the largest step a record may carry, and floods a volunteer's probe handler: a stranger's bandwidth
 probes, then one stream message that claims a gigabyte. The coordinator and every volunteer keep running; the
-intruder is never planned and the liar is priced by what it computes, both named in the coordinator's log and in
-the monitor; and every loss the swarm logs equals (1e-4) that of a plain 2 × 2 run on the same data.
+intruder is never planned and the liar is priced by what it computes (or, while a standby, at the median claim, on
+probation), both named in the coordinator's log and in the monitor; and every loss the swarm logs equals (1e-4)
+that of a plain 2 × 2 run on the same data.
 """
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def test_the_intruder_is_refused_and_the_liar_flagged_by_name(attacked):
     flagged = {r["peer_id"]: r["reason"] for r in snapshot["flagged"]}
     assert "not admitted" in refused.get(ids["intruder"], ""), refused
     assert ids["intruder"] not in snapshot["assignment"]["grid"].__repr__()
-    assert "priced by what it does" in flagged.get(ids["liar"], ""), flagged
+    # placed, it is priced by what it computes; a standby's claim stays on probation, priced at the median claim
+    assert any(why in flagged.get(ids["liar"], "") for why in ("priced by what it does", "on probation")), flagged
     assert ids["intruder"] in log and ids["liar"] in log
 
 

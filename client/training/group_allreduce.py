@@ -36,6 +36,7 @@ leave that member out.
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import AsyncIterator  # ServicerBase recognises streams by typing.AsyncIterator only
@@ -289,7 +290,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         parts differ by far less: so an honest average is finite and within the square of that ratio of the part
         we sent (or, for a part that is all zeros here, of our parts' mean norm). A NaN or a scaled average is
         caught; a wrong one within the bound is not."""
-        if not torch.isfinite(averaged).all():
+        norm = float(averaged.norm())  # one pass: not finite when a value is not (or past float range: refused anyway)
+        if not math.isfinite(norm):
             return "NaN or infinite values"
         if self.part_norm_ratio is None:
             return None
@@ -299,8 +301,8 @@ class ExactAllReduceRunner(AllReduceRunner):
             every = [norm for norms in self._sent_norms for norm in norms]
             self._mean_sent_norm = sum(every) / max(len(every), 1)
         bound = self.part_norm_ratio ** 2 * max(self._sent_norms[peer_index][part_index], self._mean_sent_norm, 1e-12)
-        if float(averaged.norm()) > bound:
-            return f"a norm of {float(averaged.norm()):.3g}, over {self.part_norm_ratio ** 2:g}× the part we sent it"
+        if norm > bound:
+            return f"a norm of {norm:.3g}, over {self.part_norm_ratio ** 2:g}× the part we sent it"
         return None
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
@@ -318,12 +320,13 @@ class ExactAllReduceRunner(AllReduceRunner):
         return self.sent[part_index], self._decoded[part_index]
 
     def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
-        if not torch.isfinite(part).all():
+        norm = float(part.norm())  # as in _average_refusal: one pass
+        if not math.isfinite(norm):
             return "NaN or infinite values"
         if self.part_norm_ratio is None or part_index >= len(self.parts_for_local_averaging):
             return None
-        if float(part.norm()) > self._part_bound(part_index):
-            return f"a norm of {float(part.norm()):.3g}, over {self.part_norm_ratio:g}× this member's own"
+        if norm > self._part_bound(part_index):
+            return f"a norm of {norm:.3g}, over {self.part_norm_ratio:g}× this member's own"
         return None
 
     async def _communicate_with_peer(self, peer_id: PeerID):
