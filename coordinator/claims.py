@@ -85,11 +85,7 @@ class ClaimCheck:
         """The records with each flagged peer's TFLOPS replaced by what it does (or capped while on probation), and
         why each was flagged."""
         judged, flagged = self._impossibly_fast(records)
-        efficiency = {peer: statistics.median(done) / records[peer].hardware.tflops
-                      for peer, done in self._achieved.items()
-                      if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
-        if len(efficiency) < self.min_peers:
-            efficiency = {}
+        efficiency = self._efficiency(records)
         self._on_probation(records, set(efficiency), judged, flagged)
         if not efficiency:
             return judged, flagged
@@ -109,6 +105,18 @@ class ClaimCheck:
                 flagged[peer] = (f"computes like {priced:.3g} TFLOPS, not the {claimed:.3g} it claims "
                                  f"({_times(ratio)} the swarm's efficiency); priced by what it does")
         return judged, flagged
+
+    def confirmed(self, records: Mapping[str, PeerRecord]) -> frozenset[str]:
+        """The peers whose claims their reports have been judged by (so their price is what they do)."""
+        return frozenset(self._efficiency(records))
+
+    def _efficiency(self, records: Mapping[str, PeerRecord]) -> dict[str, float]:
+        """Each judged peer's achieved/claimed TFLOPS: peers with `min_reports` reports, once `min_peers` have them
+        (else none)."""
+        efficiency = {peer: statistics.median(done) / records[peer].hardware.tflops
+                      for peer, done in self._achieved.items()
+                      if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
+        return efficiency if len(efficiency) >= self.min_peers else {}
 
     def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: set[str], judged: dict[str, PeerRecord],
                       flagged: dict[str, str]) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -85,6 +85,9 @@ class PlannerConfig:
     search: SearchConfig = SearchConfig()
     min_peers: int = 1
     """The first plan waits for this many trainable peers; later ones follow membership while a plan fits."""
+    min_trusted: int = 2
+    """No plan puts the whole model on fewer peers than this unless their claims are confirmed (`propose`); a swarm
+    of fewer peers is planned as it is."""
     debounce_s: float = 5.0
     """Membership must stay unchanged this long before a new version is published."""
     measure_wait_s: float = 60.0
@@ -116,9 +119,10 @@ class PlannerConfig:
         if self.compression == "aq-sgd" and (self.model.data_period or 0) < 2:
             raise ConfigError("compression aq-sgd sends activation deltas of samples that recur: give the model a "
                               f"data_period of at least 2 steps (--data-period), got {self.model.data_period}")
-        if (self.min_peers < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
+        if (self.min_peers < 1 or self.min_trusted < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
                 or not 0 <= self.improvement < 1):
-            raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, debounce_s={self.debounce_s}, "
+            raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, min_trusted={self.min_trusted}, "
+                              f"debounce_s={self.debounce_s}, "
                              f"measure_wait_s={self.measure_wait_s}, reconsider_s={self.reconsider_s}, "
                              f"improvement={self.improvement} (want [0, 1))")
 
@@ -161,8 +165,11 @@ class Proposal:
         }
 
 
-def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = frozenset()) -> Proposal:
-    """The best proposal over the shapes allowed; peers in `prefer` (the current plan's) are placed first.
+def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = frozenset(),
+            trusted: Collection[str] | None = None) -> Proposal:
+    """The best proposal over the shapes allowed; peers in `prefer` (the current plan's) are placed first. A shape
+    of fewer than `config.min_trusted` peers places only `trusted` ones (whose claims their reports confirmed,
+    coordinator/claims.py; None trusts every peer): one peer's word must not get it the whole model.
 
     Raises:
         NoFeasiblePlan: no shape fits the peers' number and memory.
@@ -173,6 +180,11 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     for d_dp, d_pp in shapes_in_time(shapes, config.search.time_budget_s, lambda: best is not None, untried):
         need_gib = _least_memory_gib(config.model, d_dp=d_dp, d_pp=d_pp)
         fits = [p for p, memory in zip(view.peer_ids, view.memory_gib) if memory >= need_gib]
+        if trusted is not None and d_dp * d_pp < min(config.min_trusted, view.n_peers):
+            if len(fits := [p for p in fits if p in trusted]) < d_dp * d_pp:
+                refusals.append(f"{d_dp}×{d_pp} would put the model on fewer than {config.min_trusted} peers "
+                                f"whose claims are unconfirmed")
+                continue
         if len(fits) < d_dp * d_pp:
             refusals.append(f"{d_dp}×{d_pp} needs {d_dp * d_pp} peers with {need_gib:.2f} GiB, {len(fits)} have it")
             continue
@@ -303,6 +315,9 @@ class Replanner:
     _last_refusal: str = ""
     _suspects: dict[str, tuple[float, str]] = field(default_factory=dict)
     """Peer → until when (monotonic) it is left out, and why (coordinator/reports.py)."""
+    trusted: frozenset[str] | None = None
+    """Peers whose claims their reports confirmed, as the coordinator last judged them (coordinator/claims.py);
+    None trusts every peer."""
     _trouble: str = ""
     """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
     _restarted_at: float = -math.inf
@@ -458,7 +473,7 @@ class Replanner:
         if prefer is None:
             prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
         try:
-            searched = propose(view, self.config, prefer=prefer)
+            searched = propose(view, self.config, prefer=prefer, trusted=self.trusted)
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None

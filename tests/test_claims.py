@@ -101,3 +101,18 @@ def test_compute_times_no_device_could_have_are_not_measurements_and_their_peer_
     assert set(flagged) == {liar} and "beyond any device" in flagged[liar]
     assert judged[liar].hardware.tflops == 1.0  # the median claim, not the 10,000 it says
     assert all(judged[p] == records[p] for p in peers if p != liar)
+
+
+def test_the_whole_model_goes_to_fewer_than_min_trusted_peers_only_once_their_claims_are_confirmed():
+    """A fast GPU that would rightly take the whole model alone gets it once its reports confirm its speed; until
+    then (a claim nothing has checked yet, even priced as it says) the plan spreads over `min_trusted` peers."""
+    records = worldwide_records(4)
+    fast = sorted(records)[1]
+    records[fast] = record(fast, site=records[fast].site, links=records[fast].links, tflops=10_000.0)
+    view, config = build_view(records), PlannerConfig(model=MODEL, search=SEARCH)
+    assert config.min_trusted == 2
+    unchecked = propose(view, config, trusted=frozenset())
+    assert unchecked.plan.grid.size >= 2 and fast in unchecked.view.peer_ids
+    confirmed = propose(view, config, trusted=frozenset({fast}))
+    assert confirmed.plan.grid.shape == (1, 1) and list(confirmed.view.peer_ids) == [fast]
+    assert propose(view, config).plan.grid.shape == (1, 1)  # outside a coordinator (`hetswarm schedule`): as claimed

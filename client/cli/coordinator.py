@@ -55,6 +55,8 @@ def coordinator(
     pp: Annotated[str, typer.Option("--pp", help="D_PP, stages: a number or auto.")] = "auto",
     micro_batches: Annotated[Optional[int], typer.Option(help="Micro-batches per pipeline (default: the model's).")] = None,
     min_peers: Annotated[int, typer.Option(help="Publish the first plan once this many peers are ready.")] = 1,
+    min_trusted: Annotated[int, typer.Option(help="Never put the whole model on fewer peers than this whose "
+                                                  "claimed speed their training has not confirmed.")] = 2,
     plan: Annotated[str, typer.Option(help="scheduled (the live objective), or a baseline to compare: paper (the "
                                            "search on DT-FM's communication cost), random or default.")] = "scheduled",
     time_budget: Annotated[float, typer.Option("--time-budget", help="Search budget per plan, seconds.")] = 5.0,
@@ -122,7 +124,8 @@ def coordinator(
         model_config = trained_on(model_config, data)
     planner_config = PlannerConfig(
         model=model_config, d_dp=_degree("--dp", dp), d_pp=_degree("--pp", pp), placement=plan,
-        search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, debounce_s=debounce,
+        search=SearchConfig(time_budget_s=time_budget, seed=seed), min_peers=min_peers, min_trusted=min_trusted,
+        debounce_s=debounce,
         measure_wait_s=measure_wait, improvement=improvement, reconsider_s=reconsider, payback_steps=payback_steps,
         compression=compression,
     )
