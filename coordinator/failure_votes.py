@@ -2,8 +2,8 @@
 
 One member that votes failure on every attempt freezes the whole plan: no step commits, and restarting the same
 plan changes nothing. Its votes are signed (protocol/votes.py), so the failure votes of a step's aborted attempts are
-evidence no member can make up; a member shows those it holds in its Progress record when the plan aborted a step
-`max_attempts` times in a row (client/training/trainer.py), and the coordinator checks every signature itself.
+evidence no member can make up; a member shows those of the last aborted attempts in its Progress records
+(client/training/trainer.py), and the coordinator checks every signature itself.
 
 A failure vote names its cause (the member whose frame, part or average failed it) or nobody (its own failure).
 In one aborted attempt the votes implicate:
@@ -12,20 +12,23 @@ In one aborted attempt the votes implicate:
  * a peer that answers no ping of the coordinator, when a voter names it: it is gone, and its accuser is right;
  * both a voter and the peer it names when no other voter names that peer: one of the two lies or the link between
    them fails, and the votes cannot say which, so no plan keeps either.
-A peer implicated in every one of at least MIN_ABORTS aborted attempts of one step is planned out. A hostile member
-must cast a failure vote to abort an attempt, so it is implicated in each; an honest peer only through a fault that
-persists (its own or its link's) or when the hostile member names it every time: one hostile voter can take at
-most one honest peer out with it. Honest peers abstain rather than vote once they know of a failure elsewhere
+A peer implicated in MIN_ABORTS of the aborted attempts one member shows (of the last ABORT_WINDOW_STEPS steps) is
+planned out. A hostile member must cast a failure vote to abort an attempt, so it is implicated in each it aborts,
+whether it aborts every attempt (a frozen run) or one in three (a run three times slower); an honest peer only
+through a fault that recurs (its own or its link's) or when the hostile member names it every time: one hostile
+voter can take at most one honest peer out with it. Honest peers abstain rather than vote once they know of a failure elsewhere
 (client/training/stage_worker.py), so an abort caused by one member does not implicate the others.
 
 A member that shows a vote its member did not sign is hostile itself, and is planned out for it.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 
 from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.protocol.keys import commit_namespace, short_id
+from hetswarm.protocol.limits import ABORT_WINDOW_STEPS
 from hetswarm.protocol.records import Assignment, Progress
 from hetswarm.protocol.vote_signing import forgery
 from hetswarm.protocol.votes import AbortedAttempt, SignedVote
@@ -33,8 +36,8 @@ from hetswarm.protocol.votes import AbortedAttempt, SignedVote
 __all__ = ["MIN_ABORTS", "implicated", "judge_aborts", "named_causes"]
 
 MIN_ABORTS = 3
-"""Aborted attempts of one step that must all implicate a peer (a stage worker's default `max_attempts`): a fault
-that passes within a retry or two implicates nobody."""
+"""Aborted attempts that must implicate a peer (a stage worker's default `max_attempts`): a fault that passes within
+a retry or two implicates nobody."""
 
 
 def implicated(failures: Iterable[SignedVote], members: Collection[str], gone: Collection[str] = ()) -> set[str]:
@@ -63,9 +66,9 @@ def named_causes(plan: Assignment, progress: Mapping[str, Progress]) -> set[str]
 
 def judge_aborts(plan: Assignment, swarm: str, progress: Mapping[str, Progress], *, gone: Collection[str] = ()
                  ) -> dict[str, str]:
-    """The peers to leave out of the next plan, with why: those the plan's members' evidence implicates at every
-    abort of a step, and members that showed forged votes; `gone`: members that answer no ping of the coordinator.
-    (The planner logs them once, as it leaves them out.)"""
+    """The peers to leave out of the next plan, with why: those implicated in MIN_ABORTS of the recent aborted
+    attempts a member of the plan shows, and members that showed forged votes; `gone`: members that answer no ping
+    of the coordinator. (The planner logs them once, as it leaves them out.)"""
     namespace, members = commit_namespace(swarm, plan.version), plan.roles.keys()
     found: dict[str, str] = {}
     for reporter, record in sorted(progress.items()):
@@ -74,15 +77,12 @@ def judge_aborts(plan: Assignment, swarm: str, progress: Mapping[str, Progress],
         if (forged := _forged(record.aborted, namespace, members)) is not None:
             found[reporter] = f"showed {forged}"
             continue
-        by_step: dict[int, dict[int, list[SignedVote]]] = {}
-        for aborted in record.aborted:
-            by_step.setdefault(aborted.step, {})[aborted.attempt] = aborted.failures
-        for step, attempts in sorted(by_step.items()):
-            if len(attempts) < MIN_ABORTS:
-                continue
-            charged = set.intersection(*(implicated(votes, members, gone) for votes in attempts.values()))
-            for peer in sorted(charged):
-                found.setdefault(peer, REACHED_NOBODY if peer in gone else _why(peer, step, attempts))
+        attempts = {(aborted.step, aborted.attempt): aborted.failures for aborted in record.aborted
+                    if record.step - ABORT_WINDOW_STEPS <= aborted.step <= record.step}
+        counts = Counter(peer for votes in attempts.values() for peer in implicated(votes, members, gone))
+        for peer, count in sorted(counts.items()):
+            if count >= MIN_ABORTS:
+                found.setdefault(peer, REACHED_NOBODY if peer in gone else _why(peer, attempts))
     return found
 
 
@@ -97,9 +97,11 @@ def _forged(aborted: Iterable[AbortedAttempt], namespace: str, members: Collecti
     return None
 
 
-def _why(peer: str, step: int, attempts: Mapping[int, list[SignedVote]]) -> str:
-    voted = sum(any(vote.peer == peer for vote in votes) for votes in attempts.values())
-    if voted == len(attempts):
-        return f"its failure votes aborted step {step} {len(attempts)} times"
+def _why(peer: str, attempts: Mapping[tuple[int, int], list[SignedVote]]) -> str:
+    voted = [key for key, votes in attempts.items() if any(vote.peer == peer for vote in votes)]
+    steps = sorted({step for step, _ in attempts})
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    if len(voted) >= MIN_ABORTS:
+        return f"its failure votes aborted {len(voted)} attempts of {span}"
     accusers = sorted({short_id(vote.peer) for votes in attempts.values() for vote in votes if vote.cause == peer})
-    return f"named by {', '.join(accusers)} as the cause of {len(attempts)} aborts of step {step}"
+    return f"named by {', '.join(accusers)} as the cause of aborted attempts of {span}"

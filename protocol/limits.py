@@ -18,6 +18,10 @@ MAX_FAILURES_PER_ATTEMPT = 4
 MAX_ABORTED_PER_RECORD = 6
 """Aborted attempts one Progress record shows the failure votes of: two rounds of the default three attempts."""
 
+ABORT_WINDOW_STEPS = 50
+"""How many steps back a Progress record shows aborted attempts from (coordinator/failure_votes.py): a member that
+aborts one attempt in three is caught, a fault of long ago is forgotten."""
+
 MAX_RECENT_LOSSES = 16
 """Losses of past steps one Progress record carries."""
 

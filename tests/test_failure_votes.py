@@ -1,5 +1,5 @@
 """The coordinator's judgement of the failure votes members show (coordinator/failure_votes.py), on real signed votes:
-a member that aborts every attempt of a step is left out whatever cause it names, and takes at most one honest peer
+a member that aborts every attempt of a step, or one attempt in three, is left out whatever cause it names, and takes at most one honest peer
 with it (the one it names every time, unless that one answers no ping: then it alone is gone); a peer two voters
 name is left out alone; a fault that passes within the step's attempts implicates nobody; and a member that shows a
 vote its member did not sign is left out itself."""
@@ -12,8 +12,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.coordinator.failure_votes import MIN_ABORTS, implicated, judge_aborts, named_causes
 from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.protocol.identity import load_identity, peer_id_of
-from hetswarm.protocol.keys import commit_namespace
-from hetswarm.protocol.limits import MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
+from hetswarm.protocol.keys import commit_namespace, short_id
+from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.record_store import encode_record
 from hetswarm.protocol.records import Assignment, Progress
 from hetswarm.protocol.vote_signing import signed_vote
@@ -39,14 +39,18 @@ def plan(members) -> Assignment:
 
 
 def _failure(members: dict[str, RSAPrivateKey], plan: Assignment, voter: str, attempt: int, cause: str | None = None,
-             *, version: int | None = None) -> SignedVote:
-    return signed_vote(members[voter], namespace=commit_namespace(SWARM, version or plan.version), step=STEP,
+             *, version: int | None = None, step: int = STEP) -> SignedVote:
+    return signed_vote(members[voter], namespace=commit_namespace(SWARM, version or plan.version), step=step,
                        attempt=attempt, ok=False, cause=cause)
 
 
-def _shown(plan: Assignment, reporter: str, attempts: list[list[SignedVote]]) -> dict[str, Progress]:
-    """`reporter`'s Progress record showing one failure-vote list per aborted attempt of STEP."""
-    aborted = [AbortedAttempt(step=STEP, attempt=index, failures=votes) for index, votes in enumerate(attempts)]
+def _shown(plan: Assignment, reporter: str, attempts: list[list[SignedVote]], *, steps: list[int] | None = None
+           ) -> dict[str, Progress]:
+    """`reporter`'s Progress record at STEP showing one failure-vote list per aborted attempt: attempts 0, 1, ... of
+    STEP, or attempt 0 of each of `steps`."""
+    keys = [(step, 0) for step in steps] if steps else [(STEP, index) for index in range(len(attempts))]
+    aborted = [AbortedAttempt(step=step, attempt=attempt, failures=votes)
+               for (step, attempt), votes in zip(keys, attempts)]
     return {reporter: Progress(peer_id=reporter, assignment_version=plan.version, step=STEP, loss=None,
                                tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, health="retrying", aborted=aborted,
                                updated_at=get_dht_time())}
@@ -57,7 +61,20 @@ def test_a_member_that_aborts_every_attempt_is_left_out_whatever_cause_it_names(
     for causes in ([None] * MIN_ABORTS, honest[:MIN_ABORTS], [attacker] * MIN_ABORTS):  # nobody, a new one, itself
         votes = [[_failure(members, plan, attacker, attempt, cause)] for attempt, cause in enumerate(causes)]
         assert judge_aborts(plan, SWARM, _shown(plan, honest[0], votes)) == {
-            attacker: f"its failure votes aborted step {STEP} {MIN_ABORTS} times"}, causes
+            attacker: f"its failure votes aborted {MIN_ABORTS} attempts of step {STEP}"}, causes
+
+
+def test_a_member_that_aborts_one_attempt_in_three_is_left_out_and_old_aborts_are_forgotten(members, plan):
+    attacker, *honest = list(plan.roles)
+    steps = [STEP - 2, STEP - 1, STEP]  # it lets every step commit at its second attempt
+    votes = [_failure(members, plan, attacker, 0, honest[0], step=step) for step in steps]
+    shown = _shown(plan, honest[1], [[vote] for vote in votes], steps=steps)
+    span = f"steps {steps[0]}-{steps[-1]}"
+    assert judge_aborts(plan, SWARM, shown) == {  # and the peer it names every time goes with it
+        attacker: f"its failure votes aborted 3 attempts of {span}",
+        honest[0]: f"named by {short_id(attacker)} as the cause of aborted attempts of {span}"}
+    later = {peer: record.copy(update={"step": STEP + ABORT_WINDOW_STEPS - 1}) for peer, record in shown.items()}
+    assert judge_aborts(plan, SWARM, later) == {}  # the first of them is older than the window: two are left
 
 
 def test_the_peer_it_names_every_time_goes_with_it_unless_it_is_gone_and_a_peer_two_voters_name_goes_alone(

@@ -2,7 +2,8 @@
 vote aborts everyone, a silent member leaves the outcome unknown, and a member decides once the votes it holds
 decide, without waiting for the answers to its own pushes (a round trip to the farthest member, on every step) — yet
 a member that decides last and leaves at once still leaves its vote with the others. Votes are signed: a relayed vote
-its member did not sign is refused and its relayer named, and votes far from the board's step are not kept."""
+its member did not sign is refused and its relayer named, votes far from the board's step are not kept, and the
+failure votes of aborted attempts outlive the steps a board forgets, for as long as they are evidence."""
 import asyncio
 import time
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.limits import ABORT_WINDOW_STEPS
 from hetswarm.protocol.vote_signing import signed_vote
 from hetswarm.protocol.votes import VoteMessage
 from tests.helpers.p2p_nodes import keyed_p2ps
@@ -163,3 +165,17 @@ def test_a_member_that_signs_two_votes_is_named_and_its_first_vote_stands(tmp_pa
     board.record((4, 1), [other], relayer=ids[0])
     assert "signed two votes (kept its failure)" in board.forgeries[ids[1]]
     assert [vote.cause for attempt in board.aborted(4) for vote in attempt.failures] == [None]
+
+
+def test_the_failure_votes_of_aborted_attempts_outlive_the_steps_a_board_forgets(tmp_path):
+    keys = [load_identity(tmp_path / f"peer{index}.key") for index in range(2)]
+    ids = [PeerID.from_base58(peer_id_of(key.get_public_key())) for key in keys]
+    board = CommitBoard(SimpleNamespace(peer_id=ids[0]), ids, namespace=NAMESPACE, private_key=keys[0])
+    for step in range(0, 60, 10):  # one aborted attempt every ten steps, then a committed one
+        board.prune(step)
+        board.record((step, 0), [signed_vote(keys[1], namespace=NAMESPACE, step=step, attempt=0, ok=False)],
+                     relayer=ids[1])
+        board.record((step, 1), [signed_vote(key, namespace=NAMESPACE, step=step, attempt=1, ok=True) for key in keys],
+                     relayer=ids[1])
+    assert [(a.step, a.attempt) for a in board.aborted(50)] == [(step, 0) for step in range(0, 60, 10)]
+    assert [a.step for a in board.aborted(10 + ABORT_WINDOW_STEPS)] == [10, 20, 30, 40, 50]  # older: forgotten

@@ -27,13 +27,14 @@ The board keeps the votes of the last few steps, so a peer that has moved on sti
 travels with its member's signature (protocol/votes.py), relayed or not: a vote its member did not sign is refused
 and whoever relayed it is named (`forgeries`), and a member that signed two votes for one attempt is named too (its
 first vote stands). A board holds votes for a bounded number of keys, near the step it is at. The failure votes of
-a step's aborted attempts are what a member shows the coordinator when the plan cannot commit that step
-(`aborted`; coordinator/failure_votes.py judges them).
+the last aborted attempts are what a member shows the coordinator in its Progress records (`aborted`;
+coordinator/failure_votes.py judges them).
 """
 import asyncio
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
@@ -41,7 +42,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.errors import CommitUnknown
-from hetswarm.protocol.limits import MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
+from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.vote_signing import forgery, signed_vote
 from hetswarm.protocol.votes import AbortedAttempt, SignedVote, VoteMessage, read_votes
 
@@ -90,6 +91,8 @@ class CommitBoard(ServicerBase):
         """The step this board is at (`prune`); None before its first."""
         self.forgeries: dict[PeerID, str] = {}
         """Peers that relayed a vote its member did not sign, or signed two votes for one attempt: the last, why."""
+        self._past_aborts: deque[AbortedAttempt] = deque(maxlen=MAX_ABORTED_PER_RECORD)
+        """The failure votes of aborted attempts of steps `prune` forgot: kept for `aborted`."""
         self._changed = asyncio.Event()
         self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
         """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote
@@ -151,19 +154,26 @@ class CommitBoard(ServicerBase):
             return False
 
     def aborted(self, step: int) -> list[AbortedAttempt]:
-        """The failure votes this board holds for the last aborted attempts of `step`: the evidence of who
-        aborted them (protocol/votes.py), a record's worth."""
-        found = []
-        for key, votes in sorted(self._votes.items()):
-            failures = sorted((vote for vote in votes.values() if not vote.ok), key=lambda vote: vote.peer)
-            if key[0] == step and failures:
-                found.append(AbortedAttempt(step=step, attempt=key[1], failures=failures[:MAX_FAILURES_PER_ATTEMPT]))
-        return found[-MAX_ABORTED_PER_RECORD:]
+        """The failure votes this board holds for the last aborted attempts of the ABORT_WINDOW_STEPS steps up to
+        `step`: the evidence of who aborted them (protocol/votes.py), a record's worth."""
+        held = [self._failures(key) for key in sorted(self._votes)]
+        recent = [aborted for aborted in [*self._past_aborts, *filter(None, held)]
+                  if step - ABORT_WINDOW_STEPS <= aborted.step <= step]
+        return recent[-MAX_ABORTED_PER_RECORD:]
+
+    def _failures(self, key: StepKey) -> AbortedAttempt | None:
+        failures = sorted((vote for vote in self._votes.get(key, {}).values() if not vote.ok), key=lambda v: v.peer)
+        if not failures:
+            return None
+        return AbortedAttempt(step=key[0], attempt=key[1], failures=failures[:MAX_FAILURES_PER_ATTEMPT])
 
     def prune(self, step: int) -> None:
-        """Moves the board to `step`: forgets votes of steps before ``step - _KEEP_STEPS``."""
+        """Moves the board to `step`: forgets votes of steps before ``step - _KEEP_STEPS`` (but the failure votes of
+        the last aborted attempts)."""
         self._step = step
-        for key in [key for key in self._votes if key[0] < step - _KEEP_STEPS]:
+        for key in sorted(key for key in self._votes if key[0] < step - _KEEP_STEPS):
+            if (aborted := self._failures(key)) is not None:
+                self._past_aborts.append(aborted)
             del self._votes[key]
 
     async def decide(self, key: StepKey, vote: bool | None, *, cause: str | None = None, timeout_s: float) -> bool:

@@ -374,7 +374,7 @@ class Trainer:
                                    f"assignment")
                     self._report_trouble(assignment, step, "stalled", e, worker)
                     return
-                if isinstance(e, StepAborted):  # with the votes that aborted it: evidence for the coordinator
+                if isinstance(e, StepAborted):  # at once, with the votes that aborted it (`_report_trouble`)
                     self._report_trouble(assignment, step, "retrying", e, worker)
                 await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # the same step: no peer of the plan applied it
@@ -393,7 +393,7 @@ class Trainer:
                     recent_losses=[loss for _, loss in self._recent_losses],
                     **self._held_out_fields(), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
                     wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
-                    updated_at=get_dht_time()))
+                    aborted=worker.board.aborted(report.step), updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
             if report.held_out_loss is not None:
                 loss += f"held-out loss {report.held_out_loss:.6f}, "
@@ -451,7 +451,8 @@ class Trainer:
                         worker: StageWorker | None = None) -> None:
         """Tells the coordinator at once (a Progress record) that this peer cannot train `step`, why, which peers
         of the plan it could not reach, so that it can re-plan before their records expire, and the signed failure
-        votes of the attempts of `step` the plan aborted, so that it can leave out whoever caused them."""
+        votes of the last attempts the plan aborted (every record carries them), so that it can leave out whoever
+        caused them."""
         self._progress.submit(Progress(
             peer_id=self.node.peer_id, assignment_version=assignment.version, step=step, loss=None,
             tokens_per_s=0.0, compute_s=0.0, wait_s=0.0, retries=worker.retries if worker else 0,
