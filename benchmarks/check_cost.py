@@ -71,7 +71,8 @@ def main() -> None:
     ratios = [b / a for a, b in zip(measured[False], measured[True])]
     paired = statistics.median(ratios)
     verdict = ("they straddle 1, so whatever the checks cost is below what this machine resolves"
-               if min(ratios) <= 1 <= max(ratios) else f"the checks cost about {100 * (1 - 1 / paired):.0f} % of the rate")
+               if min(ratios) <= 1 <= max(ratios)
+               else f"the checks cost about {100 * (1 - 1 / paired):.0f} % of the rate")
     rows = "\n".join(f"| {round_} | {a:.0f} | {b:.0f} | {ratio:.2f} |" for round_, (a, b, ratio) in
                      enumerate(zip(measured[False], measured[True], ratios)))
     votes_ms = sign_ms + 3 * verify_ms

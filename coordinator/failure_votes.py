@@ -15,9 +15,9 @@ In one aborted attempt the votes implicate:
 A peer implicated in MIN_ABORTS of the aborted attempts one member shows (of the last ABORT_WINDOW_STEPS steps) is
 planned out. A hostile member must cast a failure vote to abort an attempt, so it is implicated in each it aborts,
 whether it aborts every attempt (a frozen run) or one in three (a run three times slower); an honest peer only
-through a fault that recurs (its own or its link's) or when the hostile member names it every time: one hostile
-voter can take at most one honest peer out with it. Honest peers abstain rather than vote once they know of a failure elsewhere
-(client/training/stage_worker.py), so an abort caused by one member does not implicate the others.
+through a fault that recurs (its own or its link's) or when the hostile member names it every time: one hostile voter
+can take at most one honest peer out with it. Honest peers abstain rather than vote once they know of a failure
+elsewhere (client/training/stage_worker.py), so an abort caused by one member does not implicate the others.
 
 A member that shows a vote its member did not sign is hostile itself, and is planned out for it.
 """

@@ -119,12 +119,11 @@ class PlannerConfig:
         if self.compression == "aq-sgd" and (self.model.data_period or 0) < 2:
             raise ConfigError("compression aq-sgd sends activation deltas of samples that recur: give the model a "
                               f"data_period of at least 2 steps (--data-period), got {self.model.data_period}")
-        if (self.min_peers < 1 or self.min_trusted < 1 or self.payback_steps < 0 or self.debounce_s < 0 or self.measure_wait_s < 0 or self.reconsider_s <= 0
-                or not 0 <= self.improvement < 1):
+        if (self.min_peers < 1 or self.min_trusted < 1 or self.payback_steps < 0 or self.debounce_s < 0
+                or self.measure_wait_s < 0 or self.reconsider_s <= 0 or not 0 <= self.improvement < 1):
             raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, min_trusted={self.min_trusted}, "
-                              f"debounce_s={self.debounce_s}, "
-                             f"measure_wait_s={self.measure_wait_s}, reconsider_s={self.reconsider_s}, "
-                             f"improvement={self.improvement} (want [0, 1))")
+                              f"debounce_s={self.debounce_s}, measure_wait_s={self.measure_wait_s}, "
+                              f"reconsider_s={self.reconsider_s}, improvement={self.improvement} (want [0, 1))")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,7 +19,7 @@ __all__ = ["Judged", "ReportCheck"]
 
 logger = logging.getLogger(__name__)
 
-REACHED_NOBODY = "unreachable: neither members of the plan nor the coordinator could reach it"
+REACHED_NOBODY = "unreachable: members of the plan could not reach it"
 
 
 @dataclass(frozen=True, slots=True)

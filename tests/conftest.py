@@ -19,9 +19,10 @@ from tests.helpers.processes import reap_children
 from tests.helpers.shared_swarm import ObservedSwarm
 
 SLOWEST_FIRST = ("test_state_survives", "test_coordinator_swarm", "test_loss_rollback", "test_hostile_swarm",
-                 "test_compressed_training", "test_step_faults", "test_run_ahead", "test_demo", "test_trainer",
-                 "test_join_swarm", "observed_swarm", "test_training_correctness", "test_coordinator_restart",
-                 "test_health_replan", "test_examples", "test_probe_backoff", "test_orphans", "test_reachability")
+                 "test_attack_votes", "test_compressed_training", "test_step_faults", "test_run_ahead", "test_demo",
+                 "test_trainer", "test_join_swarm", "observed_swarm", "test_training_correctness",
+                 "test_coordinator_restart", "test_health_replan", "test_examples", "test_probe_backoff",
+                 "test_orphans", "test_reachability")
 """Swarm modules (and the observed swarm's group) by the seconds they took, slowest first (benchmarks/RESULTS.md,
 "Test suite"): the order in which xdist hands out their groups. A module not named here goes after them."""
 

@@ -1,8 +1,8 @@
-"""The coordinator's judgement of the failure votes members show (coordinator/failure_votes.py), on real signed votes:
-a member that aborts every attempt of a step, or one attempt in three, is left out whatever cause it names, and takes at most one honest peer
-with it (the one it names every time, unless that one answers no ping: then it alone is gone); a peer two voters
-name is left out alone; a fault that passes within the step's attempts implicates nobody; and a member that shows a
-vote its member did not sign is left out itself."""
+"""The coordinator's judgement of the failure votes members show (coordinator/failure_votes.py), on real signed
+votes: a member that aborts every attempt of a step, or one attempt in three, is left out whatever cause it names,
+and takes at most one honest peer with it (the one it names every time, unless that one answers no ping: then it
+alone is gone); a peer two voters name is left out alone; a fault that passes within the step's attempts implicates
+nobody; and a member that shows a vote its member did not sign is left out itself."""
 from __future__ import annotations
 
 import pytest

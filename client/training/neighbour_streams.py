@@ -242,7 +242,8 @@ async def send_frame(
         try:
             response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
         except TimeoutError:
-            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s", cause=peer) from None  # slow, not gone
+            # slow, not gone
+            raise FrameRefused(f"{peer} did not take {what} within {timeout_s} s", cause=peer) from None
         except ValueError as e:  # hivemind's asingle(): the stream closed with no answer; delivered or not
             logger.debug(f"Outcome of sending {what} to {peer} unknown (try {tried}): {e}", exc_info=True)
             if tried == _SEND_TRIES:
