@@ -18,10 +18,11 @@ infinitely fast) is not a measurement: it is left out, and the peer is flagged a
 median claim of the peers in view until it reports times a device can have.
 
 A claim is on probation until its peer's reports confirm it (`min_reports` steps, judged among at least `min_peers`
-members): until then the peer is priced at no more than the median claim of the peers in view, and flagged when
-that is less than it claims. A stranger that claims 10,000 TFLOPS among the first peers of a swarm is therefore
-planned as an ordinary peer, not handed the whole model; an honest fast peer waits for its first few steps (and the
-next reconsideration) to be planned at its speed.
+members): until then a claim more than `trust_band` times the median claim of the peers in view is priced at that
+median, and flagged. A stranger that claims 10,000 TFLOPS among the first peers of a swarm is therefore planned as
+an ordinary peer, not handed the whole model; an honest peer much faster than the swarm waits for its first few
+steps (and the next reconsideration) to be planned at its speed; claims within the band (the same card, probed a
+little differently) stand.
 """
 from __future__ import annotations
 
@@ -120,14 +121,14 @@ class ClaimCheck:
 
     def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: set[str], judged: dict[str, PeerRecord],
                       flagged: dict[str, str]) -> None:
-        """Caps, in `judged`, the TFLOPS of every peer whose claim is not `confirmed` at the median claim (module
-        docstring), flagging those it lowers."""
+        """Caps, in `judged`, the TFLOPS of every peer whose claim is not `confirmed` and over `trust_band` times the
+        median claim at that median (module docstring), flagging them."""
         if not records:
             return
         median_claim = statistics.median(record.hardware.tflops for record in records.values())
         for peer, record in records.items():
             claimed = record.hardware.tflops
-            if peer in confirmed or peer in flagged or claimed <= median_claim:
+            if peer in confirmed or peer in flagged or claimed <= self.trust_band * median_claim:
                 continue
             judged[peer] = record.copy(update={"hardware": record.hardware.copy(update={"tflops": median_claim})})
             flagged[peer] = (f"on probation: claims {claimed:.3g} TFLOPS, priced at the median claim "
