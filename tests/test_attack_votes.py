@@ -1,4 +1,6 @@
-"""A member that votes failure on every attempt is planned out by its own signed votes, and the model ends as if it
+"""One hostile member each: its own signed votes, or its partners', plan it out.
+
+A member that votes failure on every attempt is planned out by its own signed votes, and the model ends as if it
 had never been there.
 
 A coordinator (2 pipelines × 2 stages, checkpoints every 4 steps) and five clients (four placed, one standby) train
@@ -9,6 +11,10 @@ votes of the aborted attempts; the coordinator leaves the attacker out, says why
 takes its place with the state handed off by its stage's replica. Nobody honest is left out, and the parameters
 after the last step equal, within 1e-5, those of a plain 2 × 2 run of as many steps on the same data, as does every
 step's loss.
+
+A reducer that answers its partners' shares with NaN (a stage group of training processes,
+tests/helpers/training_process.py) gets no replica to apply a step; the failure votes its partners would show the coordinator name
+it, and implicate it alone when two partners corroborate each other (with one partner, both).
 """
 from __future__ import annotations
 
@@ -17,18 +23,22 @@ import random
 
 import pytest
 import torch
+from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import units_of_layers
+from hetswarm.coordinator.failure_votes import judge_aborts
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.records import Assignment, Progress
+from hetswarm.protocol.votes import AbortedAttempt
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import CHECKPOINT_EVERY, final_state, losses
 from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
-from tests.helpers.tiny_training import SEED, TINY
+from tests.helpers.tiny_training import SEED, TINY, assignment_for, train_swarm
+from tests.helpers.training_process import Fault
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
@@ -114,3 +124,27 @@ def test_the_model_equals_the_run_without_the_attacker(frozen):
     assert set(range(STEPS)) <= set(frozen["losses"]), sorted(frozen["losses"])
     for step in range(STEPS):
         assert sorted(set(frozen["losses"][step])) == pytest.approx(sorted(baseline["losses"][step]), rel=1e-4), step
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("d_dp", [3, 2])
+def test_a_reducer_that_answers_nan_is_named_by_its_partners_and_their_votes_plan_it_out(tmp_path, d_dp):
+    """A stage group of training processes in which the last member answers the others' shares with NaN: no replica
+    applies a step, every honest partner votes failure naming it, and the votes they would show the coordinator
+    implicate it alone when two partners name it; with one partner, the two go together (no vote can say which of
+    two lies)."""
+    swarm = f"nanreducer{d_dp}"
+    results = train_swarm(tmp_path, swarm=swarm, steps=3, d_pp=1, d_dp=d_dp, faulty=d_dp - 1,
+                          fault=Fault.NAN_AVERAGES, stop_on_abort=True, seed=SEED)
+    liar, *_ = [result["peer_id"] for result in results if result["faulty"]]
+    assert not any(result["reports"] for result in results)  # nothing applied, anywhere
+    plan = assignment_for([[result["peer_id"]] for result in results], coordinator_id=liar)
+    shown = {result["peer_id"]: Progress(
+        peer_id=result["peer_id"], assignment_version=plan.version, step=0, loss=None, tokens_per_s=0.0,
+        compute_s=0.0, wait_s=0.0, health="retrying", aborted=[AbortedAttempt.parse_obj(a) for a in result["aborted"]],
+        updated_at=get_dht_time()) for result in results if not result["faulty"]}
+    assert all(vote.cause == liar for record in shown.values() for a in record.aborted for vote in a.failures)
+    found = judge_aborts(plan, swarm, shown)
+    honest = set(shown)
+    assert set(found) == ({liar} if d_dp > 2 else {liar, *honest}), found
+    assert found[liar].startswith("named by"), found

@@ -365,12 +365,16 @@ class StageWorker:
 
     async def _vote(self, key: StepKey, succeeded: bool, error: StageError | None) -> tuple[bool | None, str | None]:
         """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
-        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its
-        own (cancelled streams and broken rounds follow an abort): a vote would implicate peers that did nothing
-        wrong (coordinator/failure_votes.py)."""
+        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own
+        while the member it blames has not voted success (cancelled streams and broken rounds follow an abort): a
+        vote would implicate peers that did nothing wrong (coordinator/failure_votes.py). A member that voted
+        success and failed us anyway is named, whatever else failed: that is how two partners of a hostile reducer
+        corroborate each other."""
         if succeeded:
             return True, None
-        if error is None or await self.board.failed_within(key, self.config.blame_grace_s):
+        if error is None:
+            return None, None
+        if await self.board.failed_within(key, self.config.blame_grace_s) and not self.board.succeeded(key, error.cause):
             return None, None
         return False, error.cause
 

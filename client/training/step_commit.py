@@ -144,6 +144,11 @@ class CommitBoard(ServicerBase):
             self._changed.clear()
             await self._changed.wait()
 
+    def succeeded(self, key: StepKey, peer: str | None) -> bool:
+        """Whether `peer`'s success vote for ``key`` is known here."""
+        vote = self._votes.get(key, {}).get(self._by_name[peer]) if peer in self._by_name else None
+        return vote is not None and vote.ok
+
     async def failed_within(self, key: StepKey, seconds: float) -> bool:
         """Whether some member's failure vote for ``key`` is known here within `seconds`."""
         try:

@@ -18,15 +18,17 @@ from pathlib import Path
 
 import hivemind
 import torch
+from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.local.preimported import SERVER
-from hetswarm.client.training import step_commit
+from hetswarm.client.training import group_allreduce, step_commit
 from hetswarm.client.training.data import TokenSource
-from hetswarm.client.training.errors import FrameRefused, PartialAllReduce
+from hetswarm.client.training.errors import FrameRefused, PartialAllReduce, StepAborted
 from hetswarm.client.training.group_allreduce import ExactAllReduceRunner, StageGroup
 from hetswarm.client.training.neighbour_streams import NeighbourStreams
 from hetswarm.client.training.stage_worker import StageConfig, StepReport, start_stage
+from hetswarm.protocol.codecs import encode_tensor
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment
 from hetswarm.protocol.votes import SignedVote
@@ -53,6 +55,9 @@ class Fault(enum.Enum):
     REPLICA_DIVERGES = enum.auto()
     """Right after its optimizer step, this replica's parameters are perturbed (a silent corruption); choose a
     step after which replicas are checked."""
+    NAN_AVERAGES = enum.auto()
+    """From the start, every average this member reduces for the others is NaN (its own copy is honest): a hostile
+    reducer (run it with `stop_on_abort`)."""
 
 
 class _LostAnswerStub:
@@ -128,7 +133,7 @@ class TrainJob:
     torch_threads: int | None = None
     """Caps torch's intra-op threads, for several peers sharing one machine's cores."""
     fault: Fault = Fault.NONE
-    """What this process does wrong, once, at ``fault_at``."""
+    """What this process does wrong: once, at ``fault_at`` (but NAN_AVERAGES, a hostile member's, every time)."""
     fault_at: tuple[int, int] = (0, 0)
     """(step, micro_batch) of the fault."""
     save_final_state: bool = False
@@ -139,6 +144,9 @@ class TrainJob:
     """Let a single stage compute the next step while the plan votes (client/training/stage_worker.py)."""
     model_dir: Path | None = None
     """This peer's copy of the folder a model with an init_digest starts from (`hetswarm join --model-dir`)."""
+    stop_on_abort: bool = False
+    """End the run at the first step the plan aborts `max_attempts` times, with the failure votes of the aborted
+    attempts this peer holds under "aborted" (what it would show the coordinator), instead of failing."""
     unchecked: bool = False
     """Run without the checks against hostile members: averages and gradient parts taken as they come, votes
     unsigned and unverified (`_without_checks`; benchmarks/check_cost.py measures what the checks cost)."""
@@ -175,7 +183,13 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     try:
         last = job.assignment.step + job.steps - 1
         for step in range(job.assignment.step, last + 1):
-            reports.append(await worker.run_step(step, ahead=job.run_ahead and step < last))
+            try:
+                reports.append(await worker.run_step(step, ahead=job.run_ahead and step < last))
+            except StepAborted:
+                if not job.stop_on_abort:
+                    raise
+                results["aborted"] = [aborted.dict() for aborted in worker.board.aborted(step)]
+                break
             logger.info(f"step {step}: {reports[-1]}")
             if job.save_first_grads and len(reports) == 1:
                 results["first_grads"] = {name: param.grad.detach().cpu().clone()
@@ -192,6 +206,14 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
         await p2p.shutdown()  # this process's client of the DHT's daemon; the daemon goes with dht.shutdown()
     results["reports"] = [asdict(report) for report in reports]
     return results
+
+
+class _NanAverages(ExactAllReduceRunner):
+    """Answers every other member's share with NaN where the honest average was (Fault.NAN_AVERAGES)."""
+
+    def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
+        serialized, decoded = super()._outgoing_part(part_index, averaged)
+        return encode_tensor(torch.full_like(decoded, float("nan")), self.codec), decoded
 
 
 def _without_checks() -> None:
@@ -220,6 +242,8 @@ def _inject(worker, job: TrainJob) -> None:
         worker.group.__class__ = FaultyStageGroup
         worker.group.fault_step = job.fault_at[0]
         worker.group.delay_s = 1.0 if job.fault is Fault.LATE_FAILURE else 0.0
+    elif job.fault is Fault.NAN_AVERAGES:
+        group_allreduce.ExactAllReduceRunner = _NanAverages
     elif job.fault is Fault.REPLICA_DIVERGES:  # corrupt right after the optimizer step, before the replica check
         optimizer_step = worker.optimizer.step
 
