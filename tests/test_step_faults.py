@@ -24,9 +24,9 @@ pytestmark = pytest.mark.swarm
 
 RETRIED = {Fault.SEND_FAILS_AFTER_DELIVERY, Fault.FRAME_DROPPED, Fault.ONE_SIDED_PARTIAL_ALLREDUCE}
 """Faults after which the whole plan must retry the fault step once."""
-ONE_OFF = [fault for fault in Fault if fault not in (Fault.LATE_FAILURE, Fault.NAN_AVERAGES)]
-"""The faults tested here; the late failure is tests/test_run_ahead.py's, and NaN averages (a hostile member's, at
-every step) tests/test_attack_votes.py's."""
+ONE_OFF = [fault for fault in Fault if fault not in (Fault.LATE_FAILURE, Fault.NAN_AVERAGES, Fault.SCALED_AVERAGES)]
+"""The faults tested here; the late failure is tests/test_run_ahead.py's, and a hostile reducer's averages (at every
+step) tests/test_attack_votes.py's."""
 assert TINY_RUN.config == CONFIG and STEPS in TINY_RUN.states_after  # the golden run is this swarm without faults
 
 

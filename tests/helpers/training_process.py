@@ -13,6 +13,7 @@ at one chosen step and micro-batch, on the first attempt only.
 import asyncio
 import enum
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class Fault(enum.Enum):
     NAN_AVERAGES = enum.auto()
     """From the start, every average this member reduces for the others is NaN (its own copy is honest): a hostile
     reducer (run it with `stop_on_abort`)."""
+    SCALED_AVERAGES = enum.auto()
+    """As NAN_AVERAGES, with every average 10⁷ times the honest one: finite, but no honest reduction."""
 
 
 class _LostAnswerStub:
@@ -133,7 +136,7 @@ class TrainJob:
     torch_threads: int | None = None
     """Caps torch's intra-op threads, for several peers sharing one machine's cores."""
     fault: Fault = Fault.NONE
-    """What this process does wrong: once, at ``fault_at`` (but NAN_AVERAGES, a hostile member's, every time)."""
+    """What this process does wrong: once, at ``fault_at`` (but a hostile reducer's averages, every time)."""
     fault_at: tuple[int, int] = (0, 0)
     """(step, micro_batch) of the fault."""
     save_final_state: bool = False
@@ -208,12 +211,15 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     return results
 
 
-class _NanAverages(ExactAllReduceRunner):
-    """Answers every other member's share with NaN where the honest average was (Fault.NAN_AVERAGES)."""
+class _HostileAverages(ExactAllReduceRunner):
+    """Answers every other member's share with the honest average times `scale` (Fault.NAN_AVERAGES: NaN,
+    Fault.SCALED_AVERAGES: 10⁷)."""
+
+    scale: float
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         serialized, decoded = super()._outgoing_part(part_index, averaged)
-        return encode_tensor(torch.full_like(decoded, float("nan")), self.codec), decoded
+        return encode_tensor(decoded * self.scale, self.codec), decoded
 
 
 def _without_checks() -> None:
@@ -242,8 +248,9 @@ def _inject(worker, job: TrainJob) -> None:
         worker.group.__class__ = FaultyStageGroup
         worker.group.fault_step = job.fault_at[0]
         worker.group.delay_s = 1.0 if job.fault is Fault.LATE_FAILURE else 0.0
-    elif job.fault is Fault.NAN_AVERAGES:
-        group_allreduce.ExactAllReduceRunner = _NanAverages
+    elif job.fault in (Fault.NAN_AVERAGES, Fault.SCALED_AVERAGES):
+        _HostileAverages.scale = math.nan if job.fault is Fault.NAN_AVERAGES else 1e7
+        group_allreduce.ExactAllReduceRunner = _HostileAverages
     elif job.fault is Fault.REPLICA_DIVERGES:  # corrupt right after the optimizer step, before the replica check
         optimizer_step = worker.optimizer.step
 
