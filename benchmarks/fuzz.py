@@ -21,17 +21,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.helpers
 from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-from hetswarm.protocol.identity import load_identity, peer_id_of  # noqa: E402
-from tests.helpers.fuzzing import (  # noqa: E402
-    check_evidence,
-    check_frame,
-    check_record,
-    check_votes,
-    evidence_inputs,
-    frame_inputs,
-    record_inputs,
-    vote_inputs,
-)
+from hetswarm.protocol.identity import load_identity  # noqa: E402
+from tests.helpers.fuzzing import targets  # noqa: E402
 
 
 def fuzz(name: str, strategy, check, seconds: float) -> dict:
@@ -68,17 +59,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="total time, split between the targets")
     args = parser.parse_args()
     logging.getLogger("hetswarm").setLevel(logging.ERROR)  # every refusal is logged; the counts say it here
-    seconds = args.minutes * 60 / 4
     with tempfile.TemporaryDirectory() as folder:
-        key = load_identity(Path(folder) / "fuzz.key")
-        results = {
-            "record validators": fuzz("records", record_inputs(peer_id_of(key.get_public_key())),
-                                      lambda value: check_record(value, key), seconds),
-            "frame decoder": fuzz("frames", frame_inputs(), check_frame, seconds),
-            "vote reader": fuzz("votes", vote_inputs(key), check_votes, seconds),
-            "shown failure votes": fuzz("evidence", evidence_inputs(key), lambda value: check_evidence(value, key),
-                                        seconds),
-        }
+        fuzzed = targets(load_identity(Path(folder) / "fuzz.key"))
+        seconds = args.minutes * 60 / len(fuzzed)
+        results = {name: fuzz(name, inputs, check, seconds) for name, (inputs, check) in fuzzed.items()}
     rows = "\n".join(f"| {name} | {r['inputs']} | {r['accepted']} | {r['inputs'] - r['accepted'] - r['crashes']} | "
                      f"{r['crashes']} |" for name, r in results.items())
     markdown = (f"`{command_line()}`: {args.minutes:g} minutes, a quarter per target (random values and mutations "

@@ -244,8 +244,8 @@ class Broadcaster:
         records = await self._read(PEERS_FIELD, prefer=plan.roles if plan is not None else ())
         if records is not None:
             records, self._not_admitted = self.admission.screen(records)
-            self.replanner.trusted = self.claims.confirmed(records)
             records, self._flagged = self.claims.judge(records)
+            self.replanner.trusted = self.claims.confirmed
             self._peers = records
             self._keep_above(highest_followed_version(records, plan))
             if self._taking_over is not None:

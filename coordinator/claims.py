@@ -54,6 +54,8 @@ class ClaimCheck:
     """Peer → TFLOPS it achieved in its last reported steps."""
     _counted: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Peer → (plan version, step) of its last report counted, so that a record read twice counts once."""
+    confirmed: frozenset[str] = frozenset()
+    """The peers whose claims the last `judge` found their reports had confirmed (so their price is what they do)."""
     _impossible: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Peer → (its last reported compute time, the least any device needs), when below it (module docstring)."""
 
@@ -87,7 +89,8 @@ class ClaimCheck:
         why each was flagged."""
         judged, flagged = self._impossibly_fast(records)
         efficiency = self._efficiency(records)
-        self._on_probation(records, set(efficiency), judged, flagged)
+        self.confirmed = frozenset(efficiency)
+        self._on_probation(records, self.confirmed, judged, flagged)
         if not efficiency:
             return judged, flagged
         typical = statistics.median(efficiency.values())
@@ -107,10 +110,6 @@ class ClaimCheck:
                                  f"({_times(ratio)} the swarm's efficiency); priced by what it does")
         return judged, flagged
 
-    def confirmed(self, records: Mapping[str, PeerRecord]) -> frozenset[str]:
-        """The peers whose claims their reports have been judged by (so their price is what they do)."""
-        return frozenset(self._efficiency(records))
-
     def _efficiency(self, records: Mapping[str, PeerRecord]) -> dict[str, float]:
         """Each judged peer's achieved/claimed TFLOPS: peers with `min_reports` reports, once `min_peers` have them
         (else none)."""
@@ -119,8 +118,8 @@ class ClaimCheck:
                       if len(done) >= self.min_reports and peer in records and records[peer].hardware.tflops > 0}
         return efficiency if len(efficiency) >= self.min_peers else {}
 
-    def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: set[str], judged: dict[str, PeerRecord],
-                      flagged: dict[str, str]) -> None:
+    def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: frozenset[str],
+                      judged: dict[str, PeerRecord], flagged: dict[str, str]) -> None:
         """Caps, in `judged`, the TFLOPS of every peer whose claim is not `confirmed` and over `trust_band` times the
         median claim at that median (module docstring), flagging them."""
         if not records:

@@ -59,9 +59,14 @@ def implicated(failures: Iterable[SignedVote], members: Collection[str], gone: C
 
 def named_causes(plan: Assignment, progress: Mapping[str, Progress]) -> set[str]:
     """The members that failure votes shown under `plan` name as their cause: those to ping before judging."""
-    return {vote.cause for peer, record in progress.items() if peer in plan.roles
-            and record.assignment_version == plan.version for aborted in record.aborted
+    return {vote.cause for _, record in _showing(plan, progress) for aborted in record.aborted
             for vote in aborted.failures if vote.cause in plan.roles}
+
+
+def _showing(plan: Assignment, progress: Mapping[str, Progress]) -> list[tuple[str, Progress]]:
+    """The records of `plan`'s members, made under it, that show aborted attempts, by member."""
+    return [(peer, record) for peer, record in sorted(progress.items())
+            if peer in plan.roles and record.assignment_version == plan.version and record.aborted]
 
 
 def judge_aborts(plan: Assignment, swarm: str, progress: Mapping[str, Progress], *, gone: Collection[str] = ()
@@ -71,9 +76,7 @@ def judge_aborts(plan: Assignment, swarm: str, progress: Mapping[str, Progress],
     of the coordinator. (The planner logs them once, as it leaves them out.)"""
     namespace, members = commit_namespace(swarm, plan.version), plan.roles.keys()
     found: dict[str, str] = {}
-    for reporter, record in sorted(progress.items()):
-        if reporter not in members or record.assignment_version != plan.version or not record.aborted:
-            continue
+    for reporter, record in _showing(plan, progress):
         if (forged := _forged(record.aborted, namespace, members)) is not None:
             found[reporter] = f"showed {forged}"
             continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 
 import pydantic.v1 as pydantic
 import torch
@@ -255,3 +256,15 @@ def check_evidence(value, key: RSAPrivateKey) -> bool:
     except (pydantic.ValidationError, TypeError):
         return False
     return bool(judge_aborts(evidence_plan(key), EVIDENCE_SWARM, {record.peer_id: record}))
+
+
+def targets(key: RSAPrivateKey) -> dict[str, tuple[st.SearchStrategy, Callable[[object], bool]]]:
+    """Each fuzz target by name: the inputs it is fed and the check that gives a verdict on one (`key` is the
+    identity that signs the valid records and votes the inputs start from)."""
+    peer_id = peer_id_of(key.get_public_key())
+    return {
+        "record validators": (record_inputs(peer_id), lambda value: check_record(value, key)),
+        "frame decoder": (frame_inputs(), check_frame),
+        "vote reader": (vote_inputs(key), check_votes),
+        "shown failure votes": (evidence_inputs(key), lambda value: check_evidence(value, key)),
+    }
