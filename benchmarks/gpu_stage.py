@@ -8,8 +8,8 @@ a random gradient stands in for the next stage's. FLOPs are the cost model's (Mo
 6·params + 12·L·T·d, PaLM Appendix B); MFU divides the achieved rate by the card's dense bf16 peak (NVIDIA's
 datasheets: 989 TFLOPS for the H100 and H200 SXM) and, beside it, by the rate the volunteer's probe measured.
 Prediction: coordinator/live_cost.py's StageCosts (parameters and AdamW state, and what the micro-batches in flight
-keep). Needs only torch and transformers of hetswarm's dependencies; writes the "gpu-stage" section of
-benchmarks/RESULTS.md and its figures as JSON.
+keep). Needs only torch and transformers of hetswarm's dependencies; writes the card's section of
+benchmarks/RESULTS.md ("gpu-stage-h100" on an H100) and its figures as JSON.
 
     python benchmarks/gpu_stage.py [--json FILE] [--smoke]
 """
@@ -161,7 +161,7 @@ def saved(config: ModelConfig, stage: int, d_pp: int, device: torch.device) -> S
 def markdown(name: str, probe: float, peak: float | None, rows: list[Throughput], memories: list[Memory],
              saves: list[Saved], memory_model: ModelConfig, minutes: float) -> str:
     lines = [
-        "## A stage on a GPU: bf16 throughput, TFLOPS and MFU, 1F1B memory against the cost model", "",
+        f"## A stage on {name}: bf16 throughput, TFLOPS and MFU, 1F1B memory against the cost model", "",
         f"Command: `{command_line()}` on {name} ({minutes:.1f} min). The TFLOPS probe (8192² bf16 matmuls, what a "
         f"volunteer publishes) measured **{probe:.0f} TFLOPS**"
         + (f"; the datasheet's dense bf16 peak is {peak:.0f}." if peak else "."),
@@ -204,7 +204,8 @@ def main() -> None:
     name = device_name(device)
     probe = measure_tflops(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
                            size=512 if args.smoke else None)
-    peak = next((tflops for part, tflops in PEAK_BF16_TFLOPS.items() if part in name), None)
+    card = next((part for part in PEAK_BF16_TFLOPS if part in name), None)
+    peak = PEAK_BF16_TFLOPS.get(card)
     print(f"{name}: {memory_gib(device):.0f} GiB, probe {probe:.1f} TFLOPS, datasheet peak {peak}", flush=True)
 
     small = {"n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 2, "d_ff": 256, "vocab_size": 300,
@@ -234,8 +235,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     if not args.smoke:
-        write_section("gpu-stage", markdown(name, probe, peak, rows, memories, saves, memory_model,
-                                            (time.monotonic() - started) / 60))
+        minutes = (time.monotonic() - started) / 60
+        write_section(f"gpu-stage-{(card or 'gpu').lower()}",
+                      markdown(name, probe, peak, rows, memories, saves, memory_model, minutes))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ enum has: only ``decode_tensor`` here reads them, told apart by the codec the re
 plan's all-reduce codec) and checked against their exact byte count.
 """
 import math
+import warnings
 
-import numpy as np
 import torch
 from hivemind.compression import (
     CompressionBase,
@@ -58,40 +58,47 @@ class BlockwiseQuantizer(CompressionBase):
         self.per_byte = 8 // bits
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
-        values = tensor.detach().to("cpu", torch.float32).reshape(-1)
+        """Quantized on the tensor's own device, so a GPU stage copies its levels to the host, not its floats."""
+        values = tensor.detach().reshape(-1).to(torch.float32)
         blocks = _blocks(values.numel())
         padded = torch.nn.functional.pad(values, (0, blocks * BLOCK_VALUES - values.numel())).view(blocks, BLOCK_VALUES)
-        scale = padded.abs().amax(dim=1) / self.levels  # (blocks,)
+        largest = padded.abs().amax(dim=1)  # (blocks,)
+        # divided by a tensor: CUDA divides by a scalar as a product with its reciprocal, which can round differently
+        # from the CPU's quotient, and every device must send the same bytes for the same values
+        scale = largest / torch.full_like(largest, self.levels)
         quantized = torch.round(padded / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(-self.levels, self.levels)
-        return runtime_pb2.Tensor(
-            compression=self.compression_type, size=list(tensor.shape), dtype="float32",
-            buffer=scale.numpy().tobytes() + self._pack(quantized.view(-1)[: values.numel()]))
+        levels = self._pack(quantized.view(-1)[: values.numel()])
+        payload = torch.cat([scale.view(torch.uint8), levels.view(torch.uint8)])  # one copy to the host
+        return runtime_pb2.Tensor(compression=self.compression_type, size=list(tensor.shape), dtype="float32",
+                                 buffer=_host(payload).numpy().tobytes())
 
-    def _pack(self, quantized: torch.Tensor) -> bytes:
+    def _pack(self, quantized: torch.Tensor) -> torch.Tensor:
+        """The levels as bytes: int8 for 8 bits; else offset by L to 0 .. 2L and packed `per_byte` to a byte, the
+        first value in the lowest bits."""
         if self.bits == 8:
-            return quantized.to(torch.int8).numpy().tobytes()
-        offset = (quantized + self.levels).to(torch.uint8).numpy()  # 0 .. 2L fits in `bits` bits
-        offset = np.pad(offset, (0, -len(offset) % self.per_byte)).reshape(-1, self.per_byte)
-        shifts = np.arange(self.per_byte, dtype=np.uint8) * self.bits
-        return np.bitwise_or.reduce(offset << shifts, axis=1).astype(np.uint8).tobytes()
+            return quantized.to(torch.int8)
+        offset = (quantized + self.levels).to(torch.uint8)
+        offset = torch.nn.functional.pad(offset, (0, -offset.numel() % self.per_byte)).view(-1, self.per_byte)
+        return (offset << self._shifts(offset.device)).sum(dim=1, dtype=torch.uint8)  # no bits shared: sum is OR
 
-    def _unpack(self, buffer: bytes, offset: int, numel: int) -> np.ndarray:
+    def _unpack(self, buffer: bytes, offset: int, numel: int) -> torch.Tensor:
         if self.bits == 8:
-            return np.frombuffer(buffer, dtype=np.int8, offset=offset, count=numel)
-        packed = np.frombuffer(buffer, dtype=np.uint8, offset=offset, count=_packed_bytes(numel, self.bits))
-        shifts = np.arange(self.per_byte, dtype=np.uint8) * self.bits
-        levels = (packed[:, None] >> shifts) & np.uint8((1 << self.bits) - 1)
-        return levels.reshape(-1)[:numel].astype(np.int8) - np.int8(self.levels)
+            return _view(buffer, torch.int8, offset=offset, count=numel)
+        packed = _view(buffer, torch.uint8, offset=offset, count=_packed_bytes(numel, self.bits))
+        levels = (packed[:, None] >> self._shifts(packed.device)) & ((1 << self.bits) - 1)
+        return levels.view(-1)[:numel].to(torch.int8) - self.levels
+
+    def _shifts(self, device: torch.device) -> torch.Tensor:
+        return torch.arange(self.per_byte, dtype=torch.uint8, device=device) * self.bits
 
     def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
         numel = math.prod(serialized_tensor.size)
         blocks = _blocks(numel)
-        scale = np.frombuffer(serialized_tensor.buffer, dtype=np.float32, count=blocks)
-        padded = np.zeros(blocks * BLOCK_VALUES, dtype=np.float32)
+        scale = _view(serialized_tensor.buffer, torch.float32, offset=0, count=blocks)
+        padded = torch.zeros(blocks * BLOCK_VALUES, dtype=torch.float32)
         padded[:numel] = self._unpack(serialized_tensor.buffer, 4 * blocks, numel)
-        with np.errstate(invalid="ignore", over="ignore"):  # a hostile scale: the receiver refuses non-finite values
-            values = (padded.reshape(blocks, BLOCK_VALUES) * scale[:, None]).reshape(-1)[:numel]
-        return torch.from_numpy(values).reshape(tuple(serialized_tensor.size))
+        values = (padded.view(blocks, BLOCK_VALUES) * scale[:, None]).view(-1)[:numel]  # a hostile scale may make
+        return values.reshape(tuple(serialized_tensor.size))  # non-finite values: the receiver refuses those
 
     def estimate_compression_ratio(self, info: CompressionInfo) -> float:
         return (self.bits / 8 + 4 / BLOCK_VALUES) / 4  # of float32, which is what an all-reduce sends
@@ -103,6 +110,23 @@ def _blocks(numel: int) -> int:
 
 def _packed_bytes(numel: int, bits: int) -> int:
     return -(-numel * bits // 8)
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU; from a GPU through pinned memory (``non_blocking`` copies land there), which the GPU
+    copies into several times faster than into pageable memory."""
+    if tensor.device.type != "cuda":
+        return tensor
+    host = tensor.to("cpu", non_blocking=True)
+    torch.cuda.current_stream(tensor.device).synchronize()
+    return host
+
+
+def _view(buffer: bytes, dtype: torch.dtype, *, offset: int, count: int) -> torch.Tensor:
+    """`count` values of `buffer` from byte `offset`, without a copy; only read. Raises ValueError past its end."""
+    with warnings.catch_warnings():  # torch warns that bytes are read-only: nothing here writes to them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=dtype, offset=offset, count=count)
 
 
 _QUANTIZERS: dict[Codec, BlockwiseQuantizer] = {codec: BlockwiseQuantizer(bits) for codec, bits in _BITS.items()}
@@ -121,11 +145,10 @@ def wire_bytes(codec: Codec, numel: int) -> int:
 
 
 def encode_tensor(tensor: torch.Tensor, codec: Codec) -> runtime_pb2.Tensor:
-    """`tensor` (on any device) serialized in `codec`."""
-    tensor = tensor.detach().cpu()  # hivemind serializes CPU tensors only
+    """`tensor` (on any device: quantized or cast there) serialized in `codec`."""
     if codec in _QUANTIZERS:
         return _QUANTIZERS[codec].compress(tensor, CompressionInfo.from_tensor(tensor))
-    return serialize_torch_tensor(tensor.to(_DTYPES[codec]))
+    return serialize_torch_tensor(_host(tensor.detach().to(_DTYPES[codec])))  # cast first: fewer bytes to copy
 
 
 def decode_tensor(serialized: runtime_pb2.Tensor, codec: Codec) -> torch.Tensor:

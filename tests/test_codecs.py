@@ -52,6 +52,14 @@ def test_blockwise_codecs_send_a_block_of_one_magnitude_exactly(codec, x):
     assert torch.equal(round_trip(x, codec), x)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("codec", ["fp32", "fp16", *_LEVELS])
+def test_a_gpu_tensor_is_encoded_on_its_device_to_the_bytes_the_cpu_sends(codec):
+    """A GPU stage quantizes where its activations are; receivers on any device must read the same bytes."""
+    x = _samples()["heavy-tailed"].reshape(-1)[:4093]
+    assert encode_tensor(x.cuda(), codec).SerializeToString() == encode_tensor(x, codec).SerializeToString()
+
+
 @pytest.mark.parametrize("codec", ["fp16", "8bit"])
 def test_error_feedback_sends_everything_but_the_last_residual(codec):
     """Σ sent_t + e_T = Σ g_t: the residual carried is exactly the error made, so nothing is lost over a run."""

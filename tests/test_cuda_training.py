@@ -1,7 +1,7 @@
 """The CUDA path of a stage: a 2 × 2 swarm of training processes shares one GPU, each stage computing in bf16
 autocast over fp32 weights (client/training/stage_worker.py) and sending its frames over libp2p as on the CPU.
 
-Skipped without a CUDA device: CI has none. benchmarks/RESULTS.md (section gpu-stage) records where it ran.
+Skipped without a CUDA device: CI has none. benchmarks/RESULTS.md (sections gpu-stage-*) records where it ran.
 """
 import math
 
