@@ -37,6 +37,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
+from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
@@ -199,6 +200,8 @@ class Broadcaster:
         """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
         """The version counter, the remembered step and the plan in force (also a previous run's, until replaced)."""
+        self.ledger = CheckpointLedger.from_json(self.state.checkpoints)
+        """The checkpoints a resume may load (coordinator/checkpoint_ledger.py)."""
         self._taking_over: Assignment | None = None
         """A previous run's plan, until the first read of the peers' records says whether it still holds."""
         self._published_at = -math.inf
@@ -247,6 +250,9 @@ class Broadcaster:
             records, self._flagged = self.claims.judge(records)
             self.replanner.trusted = self.claims.confirmed
             self._peers = records
+            if self.ledger.observe(records):
+                self.state = replace(self.state, checkpoints=self.ledger.to_json())
+                self._save_state()
             self._keep_above(highest_followed_version(records, plan))
             if self._taking_over is not None:
                 self._take_over(records)
@@ -308,6 +314,7 @@ class Broadcaster:
         self._keep_above(highest)
         if in_force is not None:
             self.state = replace(self.state, assignment=in_force, step=max(self.state.step, in_force.step))
+            self.ledger.follow(in_force)
         if highest == 0 and in_force is None:
             return
         logger.info(f"Versions go on above v{highest} (saved: v{saved}, ours still in the DHT: "
@@ -344,7 +351,8 @@ class Broadcaster:
         if spike is None or proposal is None or self.assignment is None:
             return
         origin = rollback_state(self._peers, self.assignment.roles, proposal.model.n_layers,
-                                before=spike.last_good + 1, why=spike.describe(), abandoned=self._abandoned)
+                                before=spike.last_good + 1, why=spike.describe(), abandoned=self._abandoned,
+                                ledger=self.ledger)
         if origin is None:
             logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
             self.losses.settle(spike, rolled_back_to=None, through_newest=True)
@@ -362,7 +370,7 @@ class Broadcaster:
             previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
             live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
             n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s,
-            abandoned=self._abandoned, kept=self._kept)
+            abandoned=self._abandoned, kept=self._kept, ledger=self.ledger)
         if isinstance(origin, str):
             if self._pending is None:
                 logger.warning(f"Not publishing the plan ({reason}): {origin}")
@@ -377,6 +385,7 @@ class Broadcaster:
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
                                                                self._checkpoint_every(proposal)),
             aggregation=self.config.aggregation, eval_every=self.config.eval_every)
+        self.ledger.follow(self.assignment)
         self._kept = kept_state(self.assignment, self.state.assignment)
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
         self._save_state(force=True)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
@@ -38,10 +39,13 @@ class CoordinatorState:
     """The step the next plan starts at (`start_step`)."""
     assignment: Assignment | None = None
     """The plan in force: the last one published."""
+    checkpoints: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The savers' recorded checkpoint roots (coordinator/checkpoint_ledger.py, CheckpointLedger.to_json)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"coordinator_id": self.coordinator_id, "version": self.version, "step": self.step,
-                "assignment": None if self.assignment is None else self.assignment.dict()}
+                "assignment": None if self.assignment is None else self.assignment.dict(),
+                "checkpoints": self.checkpoints}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CoordinatorState:
@@ -50,7 +54,9 @@ class CoordinatorState:
         if not (isinstance(version, int) and isinstance(step, int) and version >= 0 and step >= 0):
             raise ValueError(f"version and step must be non-negative integers, got {version!r} and {step!r}")
         assignment = None if data["assignment"] is None else Assignment.parse_obj(data["assignment"])
-        return cls(coordinator_id=str(data["coordinator_id"]), version=version, step=step, assignment=assignment)
+        checkpoints = CheckpointLedger.from_json(data.get("checkpoints", {})).to_json()  # a state file from before
+        return cls(coordinator_id=str(data["coordinator_id"]), version=version, step=step, assignment=assignment,
+                   checkpoints=checkpoints)
 
 
 def load_state(path: Path, coordinator_id: str) -> CoordinatorState | None:

@@ -11,7 +11,8 @@ either, the coordinator waits (the peer may come back with its checkpoint) and, 
 the layers are lost and lets them start again from the seed, so that the rest of the model keeps training.
 
 A fresh run (no previous plan, or one at step 0) starts from the seed unless peers hold checkpoints: a swarm stopped
-and started again resumes from them.
+and started again resumes from them. Only checkpoints whose roots the coordinator recorded from their named savers
+count, and the plan names those roots (coordinator/checkpoint_ledger.py).
 
 Checkpoints: one saver per stage, a replica that keeps checkpoints (`PeerRecord.checkpointing`), the lowest peer id;
 every `every` steps, so that the stages' checkpoints meet at the same steps.
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.protocol.records import Assignment, CheckpointPlan, Handoff, PeerRecord, Progress
 
 __all__ = ["StatePlan", "checkpoint_plan", "kept_state", "layer_ranges", "newest_complete_checkpoint",
@@ -38,12 +40,14 @@ class StatePlan:
 
 def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection[str],
                records: Mapping[str, PeerRecord], progress: Mapping[str, Progress], n_layers: int, give_up: bool,
-               abandoned: Collection[tuple[int, int]] = (), kept: Collection[str] | None = None) -> StatePlan | str:
+               abandoned: Collection[tuple[int, int]] = (), kept: Collection[str] | None = None,
+               ledger: CheckpointLedger | None = None) -> StatePlan | str:
     """The state a plan over `alive` peers starts from (module docstring), or why it cannot start yet.
 
     Args:
         live_step: `start_step` of the previous plan's survivors.
         kept: `kept_state` of the previous plan; None (a plan adopted after a coordinator restart) counts every member.
+        ledger: the checkpoints a resume may load (None: every advertised one, as a ledger that recorded nothing).
         give_up: layers held by nobody start again from the seed (else the answer is a reason to wait).
         abandoned: (step, version) of each plan that went back to `step`: checkpoints of later steps written under
             older versions are of the trajectory it abandoned, and are never resumed from.
@@ -53,12 +57,10 @@ def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection
     missing = _uncovered(holders.values(), n_layers)
     if not missing:
         return StatePlan(step=live_step, handoff=Handoff(sources=sorted(holders)))
-    resume = newest_complete_checkpoint(records, alive, n_layers, abandoned=abandoned)
+    resume = newest_complete_checkpoint(records, alive, n_layers, abandoned=abandoned, ledger=ledger)
     if resume is not None:
-        step, sources = resume
         why = "a fresh start" if fresh else f"no live replica of layers {_ranges(missing)}"
-        return StatePlan(step=step, handoff=Handoff(sources=sources, resumed_from_checkpoint=True),
-                         note=f"resumed from the checkpoints of step {step} ({why})")
+        return _resumed(resume, ledger, note=f"resumed from the checkpoints of step {resume[0]} ({why})")
     if fresh:
         return StatePlan(step=0, handoff=None)
     if not give_up:
@@ -69,15 +71,23 @@ def plan_state(*, previous: Assignment | None, live_step: int, alive: Collection
 
 
 def rollback_state(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *, before: int,
-                   why: str, abandoned: Collection[tuple[int, int]] = ()) -> StatePlan | None:
+                   why: str, abandoned: Collection[tuple[int, int]] = (), ledger: CheckpointLedger | None = None
+                   ) -> StatePlan | None:
     """The plan's state after a loss spike (coordinator/loss_watch.py): the newest complete checkpoint of a step
     below `before`, or None when there is none."""
-    resume = newest_complete_checkpoint(records, alive, n_layers, before=before, abandoned=abandoned)
+    resume = newest_complete_checkpoint(records, alive, n_layers, before=before, abandoned=abandoned, ledger=ledger)
     if resume is None:
         return None
+    return _resumed(resume, ledger, note=f"{why}: rolled back to the checkpoints of step {resume[0]}")
+
+
+def _resumed(resume: tuple[int, list[str]], ledger: CheckpointLedger | None, *, note: str) -> StatePlan:
     step, sources = resume
-    return StatePlan(step=step, handoff=Handoff(sources=sources, resumed_from_checkpoint=True),
-                     note=f"{why}: rolled back to the checkpoints of step {step}")
+    roots = ledger.roots(step) if ledger is not None else []
+    if ledger is not None and not roots:
+        note += "; no checkpoint roots recorded (the coordinator's state was lost?): the holders' word is taken"
+    return StatePlan(step=step, note=note, handoff=Handoff(sources=sources, resumed_from_checkpoint=True,
+                                                           checkpoint_roots=roots))
 
 
 def checkpoint_plan(pipelines: list[list[str]], records: Mapping[str, PeerRecord], every: int) -> CheckpointPlan | None:
@@ -140,11 +150,11 @@ def _uncovered(ranges: Collection[tuple[int, int]], n_layers: int) -> set[int]:
 
 
 def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *,
-                                before: int | None = None, abandoned: Collection[tuple[int, int]] = ()
-                                ) -> tuple[int, list[str]] | None:
-    """The newest step (below `before`, when given) whose checkpoints, held by peers in view and not of an
-    `abandoned` trajectory (`plan_state`), cover every layer, and the peers that hold them; a checkpoint of layers
-    beyond the model's `n_layers` counts for nothing."""
+                                before: int | None = None, abandoned: Collection[tuple[int, int]] = (),
+                                ledger: CheckpointLedger | None = None) -> tuple[int, list[str]] | None:
+    """The newest step (below `before`, when given) whose checkpoints, held by peers in view, vouched for by the
+    `ledger` and not of an `abandoned` trajectory (`plan_state`), cover every layer, and the peers that hold them;
+    a checkpoint of layers beyond the model's `n_layers` counts for nothing."""
     by_step: dict[int, dict[str, list[tuple[int, int]]]] = {}
     for peer, record in records.items():
         if peer not in alive:
@@ -154,6 +164,8 @@ def newest_complete_checkpoint(records: Mapping[str, PeerRecord], alive: Collect
                     info.step > step and info.plan_version < version for step, version in abandoned):
                 continue
             if info.layers[1] > n_layers:  # not of this model: a forged or stale record
+                continue
+            if ledger is not None and not ledger.vouches(info):  # not what its named saver wrote
                 continue
             by_step.setdefault(info.step, {}).setdefault(peer, []).append(tuple(info.layers))
     for step in sorted(by_step, reverse=True):

@@ -61,6 +61,7 @@ def _ordered(layers: list[int]) -> list[int]:
         raise ValueError(f"layer range {layers} is empty")
     return layers
 _Version = conint(strict=True, ge=1, le=MAX_STEP)
+_Sha256 = constr(strict=True, regex=r"^[0-9a-f]{64}$")
 
 
 class _Record(pydantic.BaseModel):
@@ -104,6 +105,10 @@ class CheckpointInfo(_Record):
     plan_version: conint(strict=True, ge=0, le=MAX_STEP) = 0
     """The plan it was written under: after a plan goes back to an earlier step, checkpoints of later steps written
     under older plans are of an abandoned trajectory (coordinator/state_plan.py)."""
+    root: _Sha256 | None = None
+    """`units_root` of its units' digests (client/training/stage_state.py); None for a checkpoint written before
+    checkpoints had one. The coordinator records the root a plan's named saver publishes, and resumes only from
+    checkpoints with recorded roots (coordinator/checkpoint_ledger.py)."""
 
     _layers_ordered = pydantic.validator("layers", allow_reuse=True)(_ordered)
 
@@ -140,6 +145,15 @@ class PeerRecord(_Record):
         return links
 
 
+class CheckpointRoot(_Record):
+    """The root the coordinator recorded for the checkpoint of `layers` its saver wrote (CheckpointInfo.root)."""
+
+    layers: _LayerRange
+    root: _Sha256
+
+    _layers_ordered = pydantic.validator("layers", allow_reuse=True)(_ordered)
+
+
 class Handoff(_Record):
     """Where the state of a plan that starts mid-run comes from (client/training/state_handoff.py)."""
 
@@ -149,6 +163,10 @@ class Handoff(_Record):
     seeded_layers: conlist(_LayerRange, max_items=MAX_PEERS_PER_ASSIGNMENT) = pydantic.Field(default_factory=list)
     """Layer ranges no peer holds any more (no replica, no checkpoint): they start again from the seed."""
     resumed_from_checkpoint: StrictBool = False
+    checkpoint_roots: conlist(CheckpointRoot, max_items=MAX_PEERS_PER_ASSIGNMENT) = pydantic.Field(
+        default_factory=list)
+    """For a resume: the recorded roots of the checkpoints it resumes from, which every unit downloaded must match;
+    empty when the coordinator recorded none (its state was lost), and then the holders' majority decides."""
 
     _seeded_ordered = pydantic.validator("seeded_layers", each_item=True, allow_reuse=True)(_ordered)
 

@@ -74,6 +74,8 @@ def test_the_spike_is_named_and_the_swarm_goes_back_to_a_checkpoint_before_the_f
     assert rollback.step <= CORRUPT and rollback.step % EVERY == 0  # trained only on steps before the fault
     assert "loss spike at step" in rollback.reason and f"rolled back to the checkpoints of step {rollback.step}" \
         in rollback.reason
+    recorded = {tuple(checkpoint.layers) for checkpoint in rollback.handoff.checkpoint_roots}
+    assert recorded == {tuple(layers) for layers in rollback.stage_layers}  # each stage's saver's root
     assert "rolling back" in rolled_back["coordinator_log"]
     assert rolled_back["final"].version == rollback.version  # once: the run went on from there
 

@@ -1,5 +1,6 @@
 """State hand-off over real p2p daemons on 127.0.0.1 (client/training/state_handoff.py): units come from several
-holders at once, the digest most holders report wins, and what nobody holds is named."""
+holders at once, the digest most holders report wins, or the one a recorded checkpoint root proves, and what nobody
+holds is named."""
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hetswarm.client.training import state_handoff
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.model import build_stage
-from hetswarm.client.training.stage_state import StageState, units_of_layers
+from hetswarm.client.training.stage_state import StageState, unit_digests, units_of_layers, units_root
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.client.training.state_handoff import (
     Agreement,
@@ -22,22 +24,13 @@ from hetswarm.client.training.state_handoff import (
     fetch_state,
 )
 from hetswarm.protocol.keys import state_namespace
-from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.records import CheckpointRoot
 from tests.helpers.p2p_nodes import connected_p2ps
+from tests.helpers.tiny_training import TINY, second_stage_state
 
-TINY = get_model_config("tiny")
 NAMESPACE = state_namespace("handofftest")
 UNITS = units_of_layers((2, 4), TINY.n_layers)
 pytestmark = pytest.mark.timeout(120)
-
-
-def stage_state(step: int, *, seed: int = 0) -> StageState:
-    stage = build_stage(TINY, 1, 2, seed=seed)
-    optimizer = StageConfig().build_optimizer(stage.parameters())
-    for param in stage.parameters():
-        param.grad = torch.ones_like(param)
-    optimizer.step()
-    return StageState.capture(stage, optimizer, step=step)
 
 
 async def serve(p2p, *states: StageState, checkpoints: CheckpointDir | None = None) -> StateStore:
@@ -56,8 +49,8 @@ def same(a: StageState, b: StageState) -> bool:
 def test_units_come_from_every_holder_and_the_majority_digest_wins():
     async def scenario():
         async with connected_p2ps(4) as (asker, first, second, liar):
-            good, bad = stage_state(7), stage_state(7, seed=1)
-            await serve(first, good, stage_state(6))
+            good, bad = second_stage_state(7), second_stage_state(7, seed=1)
+            await serve(first, good, second_stage_state(6))
             await serve(second, good)
             await serve(liar, bad)
             return good, first, second, liar, await fetch_state(
@@ -71,10 +64,41 @@ def test_units_come_from_every_holder_and_the_majority_digest_wins():
 
 
 @pytest.mark.swarm
+def test_a_resume_takes_only_the_checkpoint_its_recorded_root_proves_however_many_offer_another(tmp_path, monkeypatch):
+    """Two forgers outvote the saver's checkpoint on every unit's digest; the root the coordinator recorded from the
+    saver decides instead, and where no holder proves it, the download is refused rather than taken on their word."""
+    monkeypatch.setattr(state_handoff, "_INFO_PAUSE_S", 0.1)  # nobody will prove it: no need to wait for more
+    checkpoints = CheckpointDir(tmp_path, "handofftest")
+    saved, forged = second_stage_state(12), second_stage_state(12, seed=1)
+    checkpoints.save(saved, layers=(2, 4), model=TINY, plan_version=1)
+    roots = [CheckpointRoot(layers=[2, 4], root=checkpoints.list()[0].root)]
+    assert roots[0].root == units_root(unit_digests(saved)) != units_root(unit_digests(forged))
+
+    async def scenario():
+        async with connected_p2ps(4) as (asker, saver, forger, second_forger):
+            await serve(saver, checkpoints=checkpoints)
+            await serve(forger, forged)
+            await serve(second_forger, forged)
+            forgers = [forger.peer_id, second_forger.peer_id]
+            by_majority, _ = await fetch_state(asker, [*forgers, saver.peer_id], step=12, units=UNITS, model=TINY,
+                                               namespace=NAMESPACE, timeout_s=30)
+            proven, report = await fetch_state(asker, [*forgers, saver.peer_id], step=12, units=["blocks.3"],
+                                               model=TINY, namespace=NAMESPACE, timeout_s=30, roots=roots)
+            with pytest.raises(StateUnavailable, match="in the checkpoints whose roots the plan names"):
+                await fetch_state(asker, forgers, step=12, units=UNITS, model=TINY, namespace=NAMESPACE,
+                                  timeout_s=10, roots=roots)
+            return by_majority, proven, report, saver.peer_id.to_base58()
+
+    by_majority, proven, report, saver_id = asyncio.run(scenario())
+    assert same(by_majority, forged)  # what the old rule takes
+    assert same(proven, saved.select(["blocks.3"])) and set(report.sources) == {saver_id}
+
+
+@pytest.mark.swarm
 def test_what_nobody_holds_is_named():
     async def scenario():
         async with connected_p2ps(2) as (asker, holder):
-            await serve(holder, stage_state(7).select(["blocks.2"]))
+            await serve(holder, second_stage_state(7).select(["blocks.2"]))
             with pytest.raises(StateUnavailable, match="blocks.3, head of the state for step 7"):
                 await fetch_state(asker, [holder.peer_id], step=7, units=UNITS, model=TINY, namespace=NAMESPACE,
                                   timeout_s=10)
@@ -88,7 +112,7 @@ def test_what_nobody_holds_is_named():
 @pytest.mark.swarm
 def test_a_checkpoint_on_disk_is_served(tmp_path):
     checkpoints = CheckpointDir(tmp_path, "handofftest")
-    saved = stage_state(12)
+    saved = second_stage_state(12)
     checkpoints.save(saved, layers=(2, 4), model=TINY, plan_version=1)
 
     async def scenario():
@@ -109,7 +133,7 @@ def test_a_peer_finds_the_part_of_a_new_cut_it_holds_in_memory_and_on_disk(tmp_p
     checkpoints = CheckpointDir(tmp_path, "handofftest")
     checkpoints.save(kept, layers=(0, 2), model=TINY, plan_version=1)
     store = StateStore(checkpoints)
-    store.remember(stage_state(12).select(["blocks.2"]))
+    store.remember(second_stage_state(12).select(["blocks.2"]))
     wanted = units_of_layers((0, 3), TINY.n_layers)
     part = store.find_part(12, wanted)
     assert part is not None and part.units == sorted(wanted)
@@ -124,14 +148,14 @@ def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_swi
     async def scenario():
         async with connected_p2ps(3) as (me, ahead, behind):
             mine = StateStore()
-            mine.remember(stage_state(9))
-            (await serve(ahead, stage_state(9), stage_state(10))).version = 5  # applied step 9 before it switched
-            late = await serve(behind, stage_state(8))
+            mine.remember(second_stage_state(9))
+            (await serve(ahead, second_stage_state(9), second_stage_state(10))).version = 5  # applied step 9 before it switched
+            late = await serve(behind, second_stage_state(8))
             late.version = 4  # still on the old plan: it applies step 8 a moment later, then switches
 
             async def switch_later():
                 await asyncio.sleep(1.0)
-                late.remember(stage_state(9))
+                late.remember(second_stage_state(9))
                 late.version = 5
 
             switching = asyncio.create_task(switch_later())
@@ -147,8 +171,8 @@ def test_the_plan_starts_at_the_newest_step_every_source_holds_once_all_have_swi
 def test_a_source_that_cannot_be_dialled_is_left_out_at_once_and_named():
     async def scenario():
         async with connected_p2ps(3) as (me, holder, dead):
-            (await serve(holder, stage_state(9))).version = 5
-            await serve(dead, stage_state(9))
+            (await serve(holder, second_stage_state(9))).version = 5
+            await serve(dead, second_stage_state(9))
             dead_id = dead.peer_id
             await dead.shutdown()
             started = time.monotonic()

@@ -240,6 +240,7 @@ def test_losing_every_replica_of_a_stage_resumes_from_the_newest_checkpoint(stor
     assert not set(stage1) & set(fourth.roles)
     assert fourth.step % EVERY == 0 and fourth.step <= max(before) + 1, (fourth.step, max(before))
     assert f"resumed from the checkpoints of step {fourth.step}" in fourth.reason
+    assert fourth.handoff.checkpoint_roots and "no checkpoint roots recorded" not in fourth.reason  # the savers' own
     # The killed replicas are the last stages, which log the losses: a kill can land after one of them logged the
     # checkpoint's step and before the other did (or before either did). Every loss logged before the kill must come
     # again from the resumed plan, which logs one per pipeline.

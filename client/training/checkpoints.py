@@ -2,7 +2,8 @@
 
 `hetswarm join --checkpoint-dir DIR` keeps them under ``DIR/<swarm>/``: for the state of layers [a, b) ready for step
 S, ``layers-a-b-step-S.state`` (the deterministic encoding of client/training/stage_state.py) and beside it
-``layers-a-b-step-S.json`` (step, layers, model config, plan version, SHA-256 and size). The data file is written
+``layers-a-b-step-S.json`` (step, layers, model config, plan version, SHA-256 and size, and the root of its units'
+digests that the peer's record advertises: stage_state.units_root). The data file is written
 first and the JSON last, each to a temporary file that is fsynced and renamed (protocol/atomic_files.py), so a
 checkpoint whose JSON exists is whole; a crash mid-write leaves the previous ones. The newest ``keep`` checkpoints
 of each layer range stay.
@@ -21,7 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetswarm.client.training.stage_state import StageState, decode_tensors, merged, unit_of, units_of_layers
+from hetswarm.client.training.stage_state import (
+    StageState,
+    decode_tensors,
+    merged,
+    unit_digests,
+    unit_of,
+    units_of_layers,
+    units_root,
+)
 from hetswarm.protocol.atomic_files import write_bytes, write_json
 from hetswarm.protocol.errors import ConfigError, RejectedInput
 from hetswarm.protocol.keys import check_swarm_name
@@ -45,9 +54,12 @@ class CheckpointMeta:
     size: int
     path: Path
     """The data file."""
+    root: str | None = None
+    """`units_root` of its units' digests; None in a checkpoint written before checkpoints had one."""
 
     def info(self) -> CheckpointInfo:
-        return CheckpointInfo(step=self.step, layers=list(self.layers), plan_version=self.plan_version)
+        return CheckpointInfo(step=self.step, layers=list(self.layers), plan_version=self.plan_version,
+                              root=self.root)
 
 
 class CheckpointDir:
@@ -67,10 +79,11 @@ class CheckpointDir:
         data_path = self.folder / f"{stem}.state"
         write_bytes(data_path, blob, durable=True)
         meta = CheckpointMeta(step=state.step, layers=(a, b), model=model.to_dict(), plan_version=plan_version,
-                              digest=hashlib.sha256(blob).hexdigest(), size=len(blob), path=data_path)
+                              digest=hashlib.sha256(blob).hexdigest(), size=len(blob), path=data_path,
+                              root=units_root(unit_digests(state)))
         write_json(self.folder / f"{stem}.json", {
             "step": meta.step, "layers": [a, b], "model": meta.model, "plan_version": plan_version,
-            "digest": meta.digest, "size": meta.size, "saved_at": time.time()}, durable=True)
+            "digest": meta.digest, "size": meta.size, "root": meta.root, "saved_at": time.time()}, durable=True)
         self._prune(layers)
         return meta
 
@@ -81,9 +94,12 @@ class CheckpointDir:
             try:
                 data = json.loads(json_path.read_text())
                 a, b = data["layers"]
-                found.append(CheckpointMeta(step=int(data["step"]), layers=(int(a), int(b)), model=data["model"],
-                                            plan_version=int(data["plan_version"]), digest=str(data["digest"]),
-                                            size=int(data["size"]), path=json_path.with_suffix(".state")))
+                meta = CheckpointMeta(step=int(data["step"]), layers=(int(a), int(b)), model=data["model"],
+                                      plan_version=int(data["plan_version"]), digest=str(data["digest"]),
+                                      size=int(data["size"]), path=json_path.with_suffix(".state"),
+                                      root=data.get("root"))
+                meta.info()  # what the record will advertise must be valid (pydantic's errors are ValueErrors)
+                found.append(meta)
             except (OSError, ValueError, KeyError, TypeError) as e:
                 logger.warning(f"Skipped the checkpoint {json_path}: {type(e).__name__}: {e}")
         return sorted(found, key=lambda meta: (-meta.step, meta.layers))

@@ -27,8 +27,8 @@ import torch
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_of",
-           "units_of_layers"]
+__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_digests", "unit_of",
+           "units_of_layers", "units_root"]
 
 Digest = TypeVar("Digest", str, bytes)
 
@@ -123,6 +123,18 @@ class StageState:
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
+
+
+def unit_digests(state: StageState) -> dict[str, str]:
+    """The SHA-256 (hex) of each unit's encoding: what a holder reports for it and a download is checked against
+    (client/training/state_handoff.py)."""
+    return {unit: hashlib.sha256(state.select([unit]).encode()).hexdigest() for unit in state.units}
+
+
+def units_root(digests: Mapping[str, str]) -> str:
+    """One digest for a set of unit digests: a checkpoint's, which its saver publishes and the coordinator records,
+    so that a holder's unit digests can be checked against the checkpoint the saver wrote."""
+    return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
 
 
 def merged(part: StageState | None, other: StageState | None) -> StageState | None:

@@ -13,7 +13,10 @@ several holders can serve different units at once. First every candidate says wh
 step, with the SHA-256 and size of each (``rpc_state_info``); for each unit the digest reported by the most holders
 is chosen (ties: by a lottery no holder can rig, stage_state.majority_digest), each unit is streamed from one of its
 holders (``rpc_state_unit``, 1 MiB parts, never more than the size announced), checked against the digest, and taken
-from the next holder when it does not match or the holder fails.
+from the next holder when it does not match or the holder fails. A resume names the roots of the checkpoints it
+loads (Handoff.checkpoint_roots, recorded by the coordinator from their savers: coordinator/checkpoint_ledger.py):
+then every unit's digest is the one a holder's digests of a whole checkpoint prove against its root, whatever most
+holders say, so that a forged copy is never taken, however many peers offer it.
 """
 from __future__ import annotations
 
@@ -41,11 +44,12 @@ from hetswarm.client.training.stage_state import (
     majority_digest,
     merged,
     units_of_layers,
+    units_root,
 )
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.records import Assignment, CheckpointRoot
 
 __all__ = ["Agreement", "HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step", "fetch_model",
            "fetch_state", "unit_byte_limit"]
@@ -199,8 +203,10 @@ class StateServer(ServicerBase):
 
 
 async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str],
-                      model: ModelConfig, namespace: str, timeout_s: float) -> tuple[StageState, HandoffReport]:
-    """The state of ``units`` ready for ``step``, from the candidates that hold it (module docstring).
+                      model: ModelConfig, namespace: str, timeout_s: float, roots: Sequence[CheckpointRoot] = ()
+                      ) -> tuple[StageState, HandoffReport]:
+    """The state of ``units`` ready for ``step``, from the candidates that hold it (module docstring); with
+    ``roots``, only the checkpoints they prove.
 
     Raises:
         StateUnavailable: some unit is held by no candidate, or every holder of it failed.
@@ -208,14 +214,16 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
     started = time.perf_counter()
     candidates = [peer for peer in dict.fromkeys(candidates) if peer != p2p.peer_id]
     for attempt in range(_INFO_ROUNDS):  # a source that is still starting up answers a moment later
-        holders = await _holders(p2p, candidates, step=step, units=units, namespace=namespace, timeout_s=timeout_s)
+        holders = await _holders(p2p, candidates, step=step, units=units, namespace=namespace, timeout_s=timeout_s,
+                                 roots=roots, n_layers=model.n_layers)
         if missing := [unit for unit in units if unit not in holders]:
             if attempt + 1 < _INFO_ROUNDS:
                 await asyncio.sleep(_INFO_PAUSE_S)
         else:
             break
     if missing:
-        raise StateUnavailable(f"no peer holds {', '.join(missing)} of the state for step {step} "
+        proof = " in the checkpoints whose roots the plan names" if roots else ""
+        raise StateUnavailable(f"no peer holds {', '.join(missing)} of the state for step {step}{proof} "
                                f"(asked {len(candidates)} peers, {_INFO_ROUNDS} times)")
     sources: Counter[str] = Counter()
     load: Counter[PeerID] = Counter()
@@ -244,18 +252,45 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
 
 
 async def _holders(p2p: P2P, candidates: Sequence[PeerID], *, step: int, units: Sequence[str], namespace: str,
-                   timeout_s: float) -> dict[str, list[tuple[PeerID, str, int]]]:
-    """For each unit some candidate holds: the holders of its most reported digest (stage_state.majority_digest)."""
-    infos = await asyncio.gather(*(_info(p2p, peer, step, units, namespace, timeout_s) for peer in candidates))
+                   timeout_s: float, roots: Sequence[CheckpointRoot], n_layers: int
+                   ) -> dict[str, list[tuple[PeerID, str, int]]]:
+    """For each unit some candidate holds: the holders of the digest the `roots` prove for it (module docstring),
+    or, with no roots, of its most reported digest (stage_state.majority_digest)."""
+    ranges = [((r.layers[0], r.layers[1]), r.root) for r in roots
+              if set(units_of_layers((r.layers[0], r.layers[1]), n_layers)) & set(units)]
+    asked = list(dict.fromkeys([*units, *(unit for layers, _ in ranges for unit in units_of_layers(layers, n_layers))]))
+    infos = await asyncio.gather(*(_info(p2p, peer, step, asked, namespace, timeout_s) for peer in candidates))
+    proven = _proven(ranges, infos, n_layers) if roots else None
     holders = {}
     for unit in units:
         offers = [(peer, info[unit]) for peer, info in zip(candidates, infos) if unit in info]
-        if offers:
+        if not offers:
+            continue
+        if proven is None:
             chosen = majority_digest({peer.to_base58(): digest for peer, (digest, _size) in offers},
                                      salt=f"{namespace}/step {step}/{unit}")
-            holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
-                                   key=lambda offer: offer[0].to_base58())
-    return holders
+        elif (chosen := proven.get(unit)) is not None:
+            for peer, (digest, _size) in offers:
+                if digest != chosen:
+                    logger.warning(f"{peer} offers {unit} of step {step} with digest {digest[:12]}, not the one the "
+                                   f"checkpoint its saver wrote proves; not taken from it")
+        holders[unit] = sorted(((peer, digest, size) for peer, (digest, size) in offers if digest == chosen),
+                               key=lambda offer: offer[0].to_base58())
+    return {unit: offers for unit, offers in holders.items() if offers}
+
+
+def _proven(ranges: Sequence[tuple[tuple[int, int], str]], infos: Sequence[dict[str, tuple[str, int]]],
+            n_layers: int) -> dict[str, str]:
+    """Each unit's digest in a checkpoint of `ranges` whose root some candidate's digests of its units match."""
+    proven: dict[str, str] = {}
+    for layers, root in ranges:
+        range_units = units_of_layers(layers, n_layers)
+        for info in infos:
+            digests = {unit: info[unit][0] for unit in range_units if unit in info}
+            if len(digests) == len(range_units) and units_root(digests) == root:
+                proven.update(digests)
+                break
+    return proven
 
 
 @dataclass(frozen=True, slots=True)

@@ -296,7 +296,8 @@ class Trainer:
         candidates = [*handoff.sources, *(chain[role.stage] for chain in assignment.pipelines)][:64]
         state, report = await fetch_state(
             self.node.p2p, [PeerID.from_base58(peer) for peer in candidates], step=step, units=missing, model=model,
-            namespace=state_namespace(self.node.config.swarm), timeout_s=self.config.handoff_timeout_s)
+            namespace=state_namespace(self.node.config.swarm), timeout_s=self.config.handoff_timeout_s,
+            roots=handoff.checkpoint_roots if handoff.resumed_from_checkpoint else ())
         self.origin = ("checkpoint" if handoff.resumed_from_checkpoint else "handed off", report)
         lost = sorted(seeded & set(units) - held)
         logger.info(f"Stage {role.stage} state for step {step} handed off: {report.describe()}"

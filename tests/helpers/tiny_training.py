@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from hetswarm.client.training.data import TokenSource
-from hetswarm.client.training.model import build_full_model
+from hetswarm.client.training.model import build_full_model, build_stage
 from hetswarm.client.training.reference import held_out_loss, reference_step, step_batches
+from hetswarm.client.training.stage_state import StageState
+from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
@@ -41,6 +43,17 @@ def assignment_for(pipelines: list[list[str]], coordinator_id: str, wire: WireFo
         pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=model.micro_batches, step=0,
         reason="test", issued_at=0.0, wire=wire, **runs,
     )
+
+
+def second_stage_state(step: int, *, seed: int = 0) -> StageState:
+    """The state of stage 1 of 2 of the tiny model (layers 2-3 and the head) after one AdamW step from `seed`:
+    different seeds give states that differ in every unit."""
+    stage = build_stage(TINY, 1, 2, seed=seed)
+    optimizer = StageConfig().build_optimizer(stage.parameters())
+    for param in stage.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    return StageState.capture(stage, optimizer, step=step)
 
 
 def peer_ids(tmp: Path, count: int) -> tuple[list[Path], list[str]]:
