@@ -133,12 +133,15 @@ class Expectation:
 
 
 def encode_frame(
-    header: FrameHeader, tensor: torch.Tensor, *, part_size_bytes: int = FRAME_PART_BYTES
+    header: FrameHeader, tensor: torch.Tensor | runtime_pb2.Tensor, *, part_size_bytes: int = FRAME_PART_BYTES
 ) -> list[runtime_pb2.ExpertRequest]:
-    """The messages that carry ``tensor`` in the header's codec; the tensor may live on any device."""
-    if header.shape != list(tensor.shape):
-        raise ValueError(f"header says shape {header.shape}, tensor is {list(tensor.shape)}")
-    serialized = encode_tensor(tensor, header.codec)
+    """The messages that carry ``tensor`` in the header's codec; the tensor may live on any device, or be encoded
+    in that codec already (an activation delta, whose sender stages what the message decodes to)."""
+    encoded = isinstance(tensor, runtime_pb2.Tensor)
+    shape = list(tensor.size) if encoded else list(tensor.shape)
+    if header.shape != shape:
+        raise ValueError(f"header says shape {header.shape}, tensor is {shape}")
+    serialized = tensor if encoded else encode_tensor(tensor, header.codec)
     parts = list(split_for_streaming(serialized, part_size_bytes))
     first = runtime_pb2.ExpertRequest(metadata=header.json().encode(), tensors=parts[:1])
     return [first, *(runtime_pb2.ExpertRequest(tensors=[part]) for part in parts[1:])]

@@ -10,7 +10,7 @@ from hetswarm.client.training.errors import StageError
 from hetswarm.client.training.neighbour_streams import StreamPlan
 from hetswarm.client.training.stage_worker import StageConfig, _check_deltas
 from hetswarm.coordinator.planner import PlannerConfig
-from hetswarm.protocol.codecs import round_trip
+from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
 from hetswarm.protocol.model_config import get_model_config
@@ -28,7 +28,7 @@ def _send(sender: DeltaBuffers, receiver: DeltaBuffers, activation: torch.Tensor
           sample=(0, 0), commit: bool = True) -> torch.Tensor:
     """One frame over a link, through the real codecs: what the receiver trains on."""
     sent, codec, base_crc = sender.outgoing(activation, attempt=(step, attempt), sample=sample)
-    received = receiver.incoming(round_trip(sent, codec), attempt=(step, attempt), sample=sample,
+    received = receiver.incoming(decode_tensor(sent, codec), attempt=(step, attempt), sample=sample,
                                  base_crc=base_crc, sender="peer-a")
     receiver.stage((step, attempt), sample, received)
     if commit:
@@ -95,7 +95,7 @@ def test_a_receiver_that_missed_an_update_refuses_the_delta_and_the_link_heals()
     sender.commit((2, 0))
     sent, codec, base_crc = sender.outgoing(activation * 1.2, attempt=(4, 0), sample=(0, 0))
     with pytest.raises(DeltaBase, match=f"peer-a sent a delta .* different copy.*{RESEND_WHOLE}$"):
-        receiver.incoming(round_trip(sent, codec), attempt=(4, 0), sample=(0, 0), base_crc=base_crc, sender="peer-a")
+        receiver.incoming(decode_tensor(sent, codec), attempt=(4, 0), sample=(0, 0), base_crc=base_crc, sender="peer-a")
     sender.forget((0, 0))  # what NeighbourStreams.send does on that verdict
     _send(sender, receiver, activation * 1.2, step=4, attempt=1)
     assert sender.sent_whole == 2 and torch.equal(sender._copies[(0, 0)], receiver._copies[(0, 0)])

@@ -23,8 +23,9 @@ import zlib
 from collections.abc import Hashable
 
 import torch
+from hivemind.proto import runtime_pb2
 
-from hetswarm.protocol.codecs import round_trip
+from hetswarm.protocol.codecs import decode_tensor, encode_tensor
 from hetswarm.protocol.framing import FrameError
 from hetswarm.protocol.wire_format import Codec
 
@@ -63,19 +64,25 @@ class DeltaBuffers:
         """Frames this end sent (or took) whole and as deltas: the first pass, then the deltas."""
 
     def outgoing(self, activation: torch.Tensor, *, attempt: AttemptKey, sample: Sample
-                 ) -> tuple[torch.Tensor, Codec, int | None]:
-        """What the sender sends for `activation` (a float32 CPU tensor): its change against the sample's copy, the
-        delta codec and the copy's checksum; or, with no copy yet, the activation itself, the whole codec and None.
-        The receiver's reconstruction is staged as the sample's next copy."""
+                 ) -> tuple[runtime_pb2.Tensor, Codec, int | None]:
+        """What the sender sends for `activation` (a float32 CPU tensor), encoded: its change against the sample's
+        copy in the delta codec, with the copy's checksum; or, with no copy yet, the activation itself in the whole
+        codec, with None. The receiver's reconstruction, decoded from the very message sent (it is encoded once), is
+        staged as the sample's next copy."""
         copy = self._copies.get(sample)
         if copy is None:
-            self.stage(attempt, sample, round_trip(activation, self.whole))
             self.sent_whole += 1
-            return activation, self.whole, None
-        change = activation - copy
-        self.stage(attempt, sample, copy + round_trip(change, self.delta))
+            return self._encoded(activation, self.whole, attempt=attempt, sample=sample), self.whole, None
         self.sent_delta += 1
-        return change, self.delta, checksum(copy)
+        message = self._encoded(activation - copy, self.delta, attempt=attempt, sample=sample, base=copy)
+        return message, self.delta, checksum(copy)
+
+    def _encoded(self, value: torch.Tensor, codec: Codec, *, attempt: AttemptKey, sample: Sample,
+                 base: torch.Tensor | None = None) -> runtime_pb2.Tensor:
+        message = encode_tensor(value, codec)
+        decoded = decode_tensor(message, codec).to(torch.float32)
+        self.stage(attempt, sample, decoded if base is None else base + decoded)
+        return message
 
     def incoming(self, tensor: torch.Tensor, *, attempt: AttemptKey, sample: Sample, base_crc: int | None,
                  sender: Hashable) -> torch.Tensor:

@@ -226,10 +226,11 @@ class ActivationServicer(ServicerBase):
 
 
 async def send_frame(
-    p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor, *, namespace: str, timeout_s: float,
-    stub=None,
+    p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor | runtime_pb2.Tensor, *, namespace: str,
+    timeout_s: float, stub=None,
 ) -> None:
-    """Delivers one frame to ``peer``'s ActivationServicer, sending it again while the outcome is unknown.
+    """Delivers one frame to ``peer``'s ActivationServicer (``tensor`` as encode_frame takes it), sending it again
+    while the outcome is unknown.
 
     Raises:
         FrameRefused: the peer refused the frame (its reason is in the message), could not be reached, did not
@@ -289,14 +290,15 @@ class NeighbourStreams:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
         tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind), None
         sample = self.plan.sample(step, micro_batch) if self.deltas is not None and kind == "activations" else None
+        sent: torch.Tensor | runtime_pb2.Tensor = tensor
         if sample is not None:
-            tensor, codec, base_crc = self.deltas.outgoing(tensor.to("cpu", torch.float32), attempt=(step, attempt),
-                                                           sample=sample)
+            sent, codec, base_crc = self.deltas.outgoing(tensor.to("cpu", torch.float32), attempt=(step, attempt),
+                                                         sample=sample)
         header = FrameHeader.for_tensor(tensor, kind=kind, codec=codec, assignment_version=self.plan.assignment_version,
                                         step=step, attempt=attempt, micro_batch=micro_batch,
                                         pipeline=self.plan.pipeline, base_crc=base_crc)
         try:
-            await send_frame(self.p2p, peer, header, tensor, namespace=self.namespace,
+            await send_frame(self.p2p, peer, header, sent, namespace=self.namespace,
                              timeout_s=self.frame_timeout_s, stub=self._stub(peer, header))
         except FrameRefused as e:
             if base_crc is not None and e.verdict is not None and e.verdict.endswith(RESEND_WHOLE):
