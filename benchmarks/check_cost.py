@@ -3,9 +3,10 @@
 The same 2 × 2 swarm of training processes on 127.0.0.1 (tests/helpers/tiny_training.py: the tiny model, fp32 on the
 wire, a single DHT bootstrap node, no coordinator) trains `--steps` steps, alternately with the checks and without
 them (tests/helpers/training_process.py, `unchecked`: every average and gradient part taken as it comes, votes
-neither signed nor verified), `--rounds` times each, the order swapped every round so that neither variant always
-runs first on a warm machine. A step's time is its wall time on the slowest peer; the first steps (start-up) are
-left out. Writes the "check-cost" section of benchmarks/RESULTS.md.
+neither signed nor verified, parts sent without signed statements and no reducer audited), `--rounds` times each, the
+order swapped every round so that neither variant always runs first on a warm machine. A step's time is its wall time
+on the slowest peer; the first steps (start-up) are left out. Writes the "check-cost" section of
+benchmarks/RESULTS.md.
 
     python benchmarks/check_cost.py [--steps 200] [--rounds 5]
 """
@@ -82,14 +83,17 @@ def main() -> None:
         f"this process: signing one vote takes {sign_ms:.2f} ms and verifying one {verify_ms:.3f} ms, so a member's "
         f"own vote and the 3 others' take {votes_ms:.2f} ms of a {step_ms:.0f} ms step "
         f"({100 * votes_ms / step_ms:.1f} %); the average and part checks are a norm per part, on tensors the "
-        f"all-reduce already walks.", width=117)
+        f"all-reduce already walks; the audits add, per step and member, a signed statement per reducer and, after "
+        f"the round, one request per other reducer and other sender for one part (client/training/reduction_audit.py).",
+        width=117)
     markdown = f"""## Checks against hostile members: what they cost a fault-free run
 
 Command: `{command_line()}` on the project's 2-core machine (CPU, 4 training processes).
 
 A 2 × 2 swarm of the tiny model (fp32 on the wire), {args.steps} steps per run, alternately with the checks against
-hostile members (every average and gradient part checked, votes signed and verified) and without them; steps per
-minute from the slowest peer's median step time past the first {WARMUP_STEPS} steps.
+hostile members (every average and gradient part checked, votes signed and verified, parts signed and every
+reducer audited on one part) and without them; steps per minute from the slowest peer's median step time past the
+first {WARMUP_STEPS} steps.
 
 | round | with checks (steps/min) | without (steps/min) | without / with |
 |---|---|---|---|

@@ -1,5 +1,5 @@
-"""Fuzzes the record validators, the frame decoder, the vote reader and the judge of shown failure votes for a
-while and counts inputs and crashes.
+"""Fuzzes the record validators, the frame decoder, the vote reader, the judge of shown failure votes and the reader
+of part statements for a while and counts inputs and crashes.
 
     python fuzz.py --minutes 5        (from benchmarks/; writes its section of RESULTS.md)
 
@@ -65,9 +65,9 @@ def main() -> None:
         results = {name: fuzz(name, inputs, check, seconds) for name, (inputs, check) in fuzzed.items()}
     rows = "\n".join(f"| {name} | {r['inputs']} | {r['accepted']} | {r['inputs'] - r['accepted'] - r['crashes']} | "
                      f"{r['crashes']} |" for name, r in results.items())
-    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, a quarter per target (random values and mutations "
-                f"of a valid record, frame, vote message or Progress record showing failure votes; "
-                f"tests/helpers/fuzzing.py).\n\n"
+    markdown = (f"`{command_line()}`: {args.minutes:g} minutes, an equal share per target (random values and "
+                f"mutations of a valid record, frame, vote message, Progress record showing failure votes or part "
+                f"statement; tests/helpers/fuzzing.py).\n\n"
                 f"| target | inputs | accepted | refused | crashes |\n|---|---|---|---|---|\n{rows}\n")
     print(markdown)
     write_section("Fuzzing", markdown)

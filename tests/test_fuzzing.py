@@ -1,5 +1,6 @@
-"""The record validators, the frame decoder, the vote reader and the judge of shown failure votes answer random and
-mutated input with a verdict, never a crash (tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
+"""The record validators, the frame decoder, the vote reader, the judge of shown failure votes and the reader of
+part statements answer random and mutated input with a verdict, never a crash (tests/helpers/fuzzing.py); bounded
+here, longer in benchmarks/fuzz.py."""
 from __future__ import annotations
 
 import pytest
@@ -10,10 +11,12 @@ from hetswarm.protocol.identity import load_identity
 from tests.helpers.fuzzing import (
     check_evidence,
     check_frame,
+    check_statement,
     check_votes,
     targets,
     valid_evidence,
     valid_frame,
+    valid_statement,
     valid_votes,
 )
 
@@ -60,3 +63,8 @@ def test_vote_reader_answers_every_input_with_a_verdict(key):
 def test_the_judge_of_shown_failure_votes_answers_every_record_with_a_verdict(key):
     assert check_evidence(valid_evidence(key), key)  # the unmutated record leaves its own voter out
     assert not all(_verdicts(key, "shown failure votes"))
+
+
+def test_the_reader_of_part_statements_answers_every_input_with_a_verdict(key):
+    assert check_statement(valid_statement(key), key)  # the unmutated statement is its sender's
+    assert not all(_verdicts(key, "part statements"))

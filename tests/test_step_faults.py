@@ -18,13 +18,13 @@ from hetswarm.client.training.reference import reference_step, step_batches
 from tests.helpers.fault_runs import CONFIG, FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import TINY_RUN, states
 from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY
-from tests.helpers.training_process import Fault
+from tests.helpers.training_process import HOSTILE_REDUCER_SCALES, Fault
 
 pytestmark = pytest.mark.swarm
 
 RETRIED = {Fault.SEND_FAILS_AFTER_DELIVERY, Fault.FRAME_DROPPED, Fault.ONE_SIDED_PARTIAL_ALLREDUCE}
 """Faults after which the whole plan must retry the fault step once."""
-ONE_OFF = [fault for fault in Fault if fault not in (Fault.LATE_FAILURE, Fault.NAN_AVERAGES, Fault.SCALED_AVERAGES)]
+ONE_OFF = [fault for fault in Fault if fault is not Fault.LATE_FAILURE and fault not in HOSTILE_REDUCER_SCALES]
 """The faults tested here; the late failure is tests/test_run_ahead.py's, and a hostile reducer's averages (at every
 step) tests/test_attack_votes.py's."""
 assert TINY_RUN.config == CONFIG and STEPS in TINY_RUN.states_after  # the golden run is this swarm without faults

@@ -31,7 +31,9 @@ after every round and raises ``PartialAllReduce`` rather than hand back a partia
 Nor does a member take a reducer's word for its averages: one that is not finite, or far longer than any honest
 reduction of the part it was sent (``ExactAllReduceRunner._average_refusal``), fails the round, and the reducer is
 named in the ``PartialAllReduce`` as a banned sender is, so that no replica applies the average and the plan can
-leave that member out.
+leave that member out. An average within those bounds is checked too: senders sign the digests of the parts they send
+each reducer, and every member re-reduces one part of each other reducer's share before it applies a round
+(client/training/reduction_audit.py).
 """
 import asyncio
 import hashlib
@@ -53,11 +55,15 @@ from hivemind.compression import CompressionBase, CompressionInfo
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.asyncio import achain, aenumerate, aiter_with_timeout, as_aiter
+from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.error_feedback import ErrorFeedback, Round
 from hetswarm.client.training.errors import PartialAllReduce
+from hetswarm.client.training.reduction_audit import audit_reducer, audit_targets, parse_reveal_request, shown_part
 from hetswarm.client.training.robust_aggregation import centered_clip
 from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
+from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.part_statements import part_digest, read_statement, signed_statement
 from hetswarm.protocol.records import Aggregation
 from hetswarm.protocol.wire_format import BYTES_PER_VALUE, Codec
 
@@ -87,6 +93,8 @@ class _Answers:
     """Part index → the average as sent (the runner's own dict: it fills as the round goes)."""
     banned: set[PeerID]
     complete: asyncio.Event
+    runner: "ExactAllReduceRunner"
+    """For an auditor: the parts this reducer was sent (reduction_audit.shown_parts)."""
 
 
 class GroupRouter(ServicerBase):
@@ -110,7 +118,7 @@ class GroupRouter(ServicerBase):
     async def register(self, runner: "ExactAllReduceRunner") -> _Round:
         async with self._registered:
             self._rounds[runner.group_id] = round_ = _Round(runner)
-            self._answers[runner.group_id] = _Answers(runner.sent, runner.banned_senders, runner.answered)
+            self._answers[runner.group_id] = _Answers(runner.sent, runner.banned_senders, runner.answered, runner)
             while len(self._answers) > self.KEPT_ROUNDS:
                 del self._answers[next(iter(self._answers))]
             round_.drained.set()
@@ -176,6 +184,26 @@ class GroupRouter(ServicerBase):
             return
         for part_index in range(len(answers.sent)):
             yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=answers.sent[part_index])
+
+    async def rpc_reveal_part(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                              ) -> runtime_pb2.ExpertResponse:
+        """One part of this reducer's share as one member sent it, for a member that audits it
+        (client/training/reduction_audit.py), once it has sent every average of the round; nothing to a stranger,
+        for a round it no longer keeps, or to a malformed request."""
+        try:
+            group_id, part_index, sender_index = parse_reveal_request(request)
+        except RejectedInput as e:
+            logger.info(f"Refused to show a part to {context.remote_id}: {e}")
+            return runtime_pb2.ExpertResponse()
+        answers = self._answers.get(group_id)
+        if context.remote_id not in self.members or answers is None:
+            return runtime_pb2.ExpertResponse()
+        try:
+            async with asyncio.timeout(self.answer_wait_s):
+                await answers.complete.wait()
+        except TimeoutError:
+            return runtime_pb2.ExpertResponse()
+        return shown_part(answers.runner, part_index, sender_index)
 
 
 class _Kept:
@@ -256,8 +284,23 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     def __init__(self, *args, aggregation: Aggregation = "mean", codec: Codec = "fp32",
                  feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0),
-                 part_norm_ratio: float | None = MAX_PART_NORM_RATIO, **kwargs) -> None:
+                 part_norm_ratio: float | None = MAX_PART_NORM_RATIO, private_key: RSAPrivateKey | None = None,
+                 **kwargs) -> None:
+        """
+        Args:
+            private_key: this member's identity, which signs the statements of the parts it sends; with it, in fp32,
+                senders' statements are required and the reducers are audited (reduction_audit.py).
+        """
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
+        self.private_key = private_key if codec == "fp32" else None
+        self.statements: dict[int, bytes] = {}
+        """Sender index → the statement of the parts it sent this reducer ..."""
+        self._stated: dict[int, list[str]] = {}
+        """... and the digests it lists."""
+        self.shown: dict[int, list[runtime_pb2.Tensor]] = {}
+        """Sender index → its parts as they came, to show an auditor."""
+        self.audited: dict[int, torch.Tensor] = {}
+        """Reducer index → its average of the part of its share this member audits."""
         self.part_norm_ratio = part_norm_ratio
         """The bound on a sender's part norm against this member's (class docstring); None: no bound."""
         self.wire_compression = allreduce_compression(codec)
@@ -274,8 +317,20 @@ class ExactAllReduceRunner(AllReduceRunner):
         super().__init__(*args, **kwargs)
         reducer = self.tensor_part_reducer
         reducer.finished.set()  # unused: its finalizer would warn that it received none of its parts
-        self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders,
-                                                   centered_clip if aggregation == "centered_clip" else exact_mean)
+        self.aggregate = centered_clip if aggregation == "centered_clip" else exact_mean
+        self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders, self.aggregate)
+        sent = self.tensor_part_container._input_parts_by_peer  # hivemind frees these once the round ends
+        self._sent_shapes = [[part.shape for part, _ in parts] for parts in sent]
+        self._sent_norms = [[float(part.norm()) for part, _ in parts] for parts in sent]
+        every = [norm for norms in self._sent_norms for norm in norms]
+        self._mean_sent_norm = sum(every) / max(len(every), 1)
+        self.own_parts = [] if self.private_key is None else [part.clone() for part in self.parts_for_local_averaging]
+        """This reducer's own parts, as they were before the round wrote averages over them: to show an auditor."""
+        self.audit_targets = {} if self.private_key is None else audit_targets(
+            list(self.tensor_part_container.num_parts_by_peer), self.ordered_peer_ids.index(self.peer_id))
+        """Reducer index → the part of its share this member checks (reduction_audit.py)."""
+        self.audited_parts = {peer: sent[peer][part][0].clone() for peer, part in self.audit_targets.items()}
+        """Reducer index → what this member sent it for that part: the auditor needs not ask for its own part."""
 
     def _part_bound(self, part_index: int) -> float:
         """The largest norm a sender's part `part_index` may have (class docstring)."""
@@ -293,17 +348,21 @@ class ExactAllReduceRunner(AllReduceRunner):
         norm = float(averaged.norm())  # one pass: not finite when a value is not (or past float range: refused anyway)
         if not math.isfinite(norm):
             return "NaN or infinite values"
-        if self.part_norm_ratio is None:
-            return None
-        if not hasattr(self, "_sent_norms"):  # what we sent each reducer (hivemind keeps it until the round ends)
-            self._sent_norms = [[float(part.norm()) for part, _ in parts]
-                                for parts in self.tensor_part_container._input_parts_by_peer]
-            every = [norm for norms in self._sent_norms for norm in norms]
-            self._mean_sent_norm = sum(every) / max(len(every), 1)
-        bound = self.part_norm_ratio ** 2 * max(self._sent_norms[peer_index][part_index], self._mean_sent_norm, 1e-12)
-        if norm > bound:
+        bound = self.sent_part_bound(peer_index, part_index)
+        if bound is not None and norm > self.part_norm_ratio * bound:
             return f"a norm of {norm:.3g}, over {self.part_norm_ratio ** 2:g}× the part we sent it"
         return None
+
+    def sent_part_bound(self, peer_index: int, part_index: int) -> float | None:
+        """The largest norm the reducer `peer_index` takes for its part `part_index` from a sender, as far as this
+        member can tell: the bound relative to the part this member sent it (or our parts' mean norm, for a part
+        that is all zeros here); None: no bound."""
+        if self.part_norm_ratio is None:
+            return None
+        return self.part_norm_ratio * max(self._sent_norms[peer_index][part_index], self._mean_sent_norm, 1e-12)
+
+    def sent_shape(self, peer_index: int, part_index: int) -> torch.Size:
+        return self._sent_shapes[peer_index][part_index]
 
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
@@ -329,6 +388,26 @@ class ExactAllReduceRunner(AllReduceRunner):
             return f"a norm of {norm:.3g}, over {self.part_norm_ratio:g}× this member's own"
         return None
 
+    def _unstated(self, message: averaging_pb2.AveragingData, sender_index: int, part_index: int) -> str | None:
+        """Why a part is not one its sender stated (`_generate_input_for_peer`), or None; keeps it to show an
+        auditor. Only where statements are required (a private key, fp32)."""
+        if self.private_key is None:
+            return None
+        if part_index == 0:
+            try:
+                self._stated[sender_index] = read_statement(
+                    message.peer_id, group_id=self.group_id, sender=self.sender_peer_ids[sender_index].to_base58(),
+                    reducer=self.peer_id.to_base58(), parts=self.tensor_part_reducer.num_parts)
+            except RejectedInput as e:
+                return str(e)
+            self.statements[sender_index] = message.peer_id
+        if part_index >= len(self._stated[sender_index]):
+            return f"part {part_index}, more than the {len(self._stated[sender_index])} its signed statement lists"
+        if part_digest(message.tensor_part.buffer) != self._stated[sender_index][part_index]:
+            return f"part {part_index}, which its signed statement does not list"
+        self.shown.setdefault(sender_index, []).append(message.tensor_part)
+        return None
+
     async def _communicate_with_peer(self, peer_id: PeerID):
         if peer_id != self.peer_id:
             return await self._communicate_with_reducer(peer_id)
@@ -338,6 +417,22 @@ class ExactAllReduceRunner(AllReduceRunner):
                 sender_index, part_index, tensor_part, weight=self.weight)
             decoded = self._outgoing_part(part_index, averaged_part)[1]
             self.tensor_part_container.register_processed_part(peer_index, part_index, decoded.clone())
+
+    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """hivemind's stream of parts for a reducer, its first message carrying this member's signed statement of
+        them all (protocol/part_statements.py) in its otherwise unused ``peer_id`` field."""
+        if self.private_key is None:
+            async for message in super()._generate_input_for_peer(peer_index):
+                yield message
+            return
+        parts = [part async for part in self.tensor_part_container.iterate_input_parts_for(peer_index)]
+        statement = signed_statement(self.private_key, group_id=self.group_id,
+                                     reducer=self.ordered_peer_ids[peer_index].to_base58(),
+                                     digests=[part_digest(part.buffer) for part in parts])
+        yield averaging_pb2.AveragingData(code=averaging_pb2.PART_FOR_AVERAGING, group_id=self.group_id,
+                                          tensor_part=parts[0], weight=self.weight, peer_id=statement)
+        for part in parts[1:]:
+            yield averaging_pb2.AveragingData(tensor_part=part, weight=self.weight)
 
     async def _communicate_with_reducer(self, peer_id: PeerID) -> None:
         """hivemind's exchange with a remote reducer (every member reduces a share here, so none delays its
@@ -377,6 +472,8 @@ class ExactAllReduceRunner(AllReduceRunner):
                 if (refusal := self._average_refusal(averaged, peer_index, part_index)) is not None:
                     self.bad_reducers[peer_id] = f"an average with {refusal}"
                     raise AllreduceException(f"{peer_id} sent an average with {refusal}")
+                if self.audit_targets.get(peer_index) == part_index:
+                    self.audited[peer_index] = averaged
                 self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
             part_index += 1
         return part_index
@@ -391,6 +488,9 @@ class ExactAllReduceRunner(AllReduceRunner):
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part compressed as "
                                    f"{name(message.tensor_part.compression)}, the plan's {self.codec} is "
                                    f"{name(self.wire_compression.compression_type)}; leaving it out of the round")
+                    break
+                if (refusal := self._unstated(message, sender_index, part_index)) is not None:
+                    logger.warning(f"{self.sender_peer_ids[sender_index]} sent {refusal}; leaving it out of the round")
                     break
                 tensor_part = decode_tensor(message.tensor_part, self.codec)
                 if (refusal := self._refusal(tensor_part, part_index)) is not None:
@@ -417,7 +517,7 @@ class StageGroup:
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
         reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-        part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
+        part_norm_ratio: float | None = MAX_PART_NORM_RATIO, private_key: RSAPrivateKey | None = None,
     ) -> None:
         """
         Args:
@@ -430,6 +530,8 @@ class StageGroup:
             codec: how parts travel (protocol/wire_format.py); a lossy one carries error feedback across steps.
             part_norm_ratio: how much larger than this member's own a sender's part may be (ExactAllReduceRunner);
                 None for a group whose members hold different gradients by design (tied_embeddings.py).
+            private_key: this member's identity: with it, an fp32 group's parts are signed and its reducers audited
+                (client/training/reduction_audit.py).
         """
         if p2p.peer_id not in members:
             raise ValueError(f"{p2p.peer_id} is not among the group members {list(map(str, members))}")
@@ -437,7 +539,7 @@ class StageGroup:
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
         self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
-        self.codec, self.part_norm_ratio = codec, part_norm_ratio
+        self.codec, self.part_norm_ratio, self.private_key = codec, part_norm_ratio, private_key
         self.feedback = ErrorFeedback() if codec != "fp32" else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
@@ -475,7 +577,7 @@ class StageGroup:
             tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
             codec=self.codec, feedback=self.feedback, feedback_round=(step, attempt),
-            part_norm_ratio=self.part_norm_ratio,
+            part_norm_ratio=self.part_norm_ratio, private_key=self.private_key,
             compression=(allreduce_compression(self.codec) if self.feedback is None
                          else _RecordingCompression(allreduce_compression(self.codec), sent_errors)),
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
@@ -500,12 +602,27 @@ class StageGroup:
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}",
                 cause=next(iter([*runner.bad_reducers, *banned, *runner.reducer_failures]), None))
+        await self._audit(runner, step)
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
             self.feedback.complete((step, attempt))
         for tensor, averaged in zip(tensors, copies):
             tensor.copy_(averaged)
+
+    @staticmethod
+    async def _audit(runner: ExactAllReduceRunner, step: int) -> None:
+        """Checks one part of every other reducer's share (client/training/reduction_audit.py).
+
+        Raises:
+            PartialAllReduce: a reducer failed its check; it is named as the cause.
+        """
+        targets = list(runner.audit_targets.items())
+        problems = await asyncio.gather(*(audit_reducer(runner, peer, part) for peer, part in targets))
+        for (peer_index, _), problem in zip(targets, problems):
+            if problem is not None:
+                reducer = runner.ordered_peer_ids[peer_index]
+                raise PartialAllReduce(f"all-reduce of step {step}: reducer {reducer} {problem}", cause=reducer)
 
     async def _finish_answering(self, round_: _Round, step: int) -> None:
         """Waits until the other members got their averaged parts from us, so that leaving (or shutting down)

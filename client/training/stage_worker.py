@@ -631,7 +631,7 @@ async def start_stage(
     tag = round_tag(swarm, assignment.version, role.stage)
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
-                       aggregation=assignment.aggregation, codec=wire.allreduce)
+                       aggregation=assignment.aggregation, codec=wire.allreduce, private_key=identity)
 
     everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
     board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version), private_key=identity)

@@ -1,7 +1,8 @@
 """Fuzz targets of the parsers that take bytes from strangers: the record validators every DHT node runs
 (protocol/signing.py, with the schemas of protocol/records.py), the frame decoder (protocol/framing.py), the
-commit votes' reader and signature check (protocol/votes.py, protocol/vote_signing.py), and the coordinator's
-judgement of the failure votes a Progress record shows (coordinator/failure_votes.py).
+commit votes' reader and signature check (protocol/votes.py, protocol/vote_signing.py), the coordinator's
+judgement of the failure votes a Progress record shows (coordinator/failure_votes.py), and the reader of the signed
+statements of all-reduce parts (protocol/part_statements.py).
 
 A target passes when the parser answers every input with a verdict (a bool, a ValidationError, a FrameError)
 and never with another exception. tests/test_fuzzing.py runs them for a bounded number of inputs;
@@ -24,9 +25,11 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hypothesis import strategies as st
 
 from hetswarm.coordinator.failure_votes import MIN_ABORTS, judge_aborts
+from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import commit_namespace, dht_key
+from hetswarm.protocol.part_statements import part_digest, read_statement, signed_statement
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
 from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, Progress
 from hetswarm.protocol.signing import make_validators
@@ -258,6 +261,43 @@ def check_evidence(value, key: RSAPrivateKey) -> bool:
     return bool(judge_aborts(evidence_plan(key), EVIDENCE_SWARM, {record.peer_id: record}))
 
 
+# ---- statements of all-reduce parts -------------------------------------------------------------------------
+
+STATEMENT_GROUP, STATEMENT_PARTS = b"\x07" * 32, 3
+STATEMENT_REDUCER = "Qm" + "d" * 44
+
+
+def valid_statement(key: RSAPrivateKey) -> bytes:
+    return signed_statement(key, group_id=STATEMENT_GROUP, reducer=STATEMENT_REDUCER,
+                            digests=[part_digest(bytes([i])) for i in range(STATEMENT_PARTS)])
+
+
+@st.composite
+def statement_inputs(draw, key: RSAPrivateKey) -> bytes:
+    """A genuine statement with bytes flipped or a field replaced, or random bytes."""
+    raw = valid_statement(key)
+    match draw(st.sampled_from(["bytes", "field", "raw"])):
+        case "bytes":
+            for _ in range(draw(st.integers(1, 8))):
+                raw = _flip(raw, draw(st.integers(0, 10**6)), draw(st.integers(0, 255)))
+            return raw
+        case "field":
+            statement = json.loads(raw)
+            statement[draw(st.sampled_from(["peer", "digests", "public_key", "signature", "x"]))] = draw(values)
+            return json.dumps(statement, allow_nan=True, default=str).encode()
+    return draw(st.binary(max_size=2000))
+
+
+def check_statement(raw: bytes, key: RSAPrivateKey) -> bool:
+    """True if the statement is the genuine one, False if refused; any other exception propagates."""
+    try:
+        read_statement(raw, group_id=STATEMENT_GROUP, sender=peer_id_of(key.get_public_key()),
+                       reducer=STATEMENT_REDUCER, parts=STATEMENT_PARTS)
+    except RejectedInput:
+        return False
+    return True
+
+
 def targets(key: RSAPrivateKey) -> dict[str, tuple[st.SearchStrategy, Callable[[object], bool]]]:
     """Each fuzz target by name: the inputs it is fed and the check that gives a verdict on one (`key` is the
     identity that signs the valid records and votes the inputs start from)."""
@@ -267,4 +307,5 @@ def targets(key: RSAPrivateKey) -> dict[str, tuple[st.SearchStrategy, Callable[[
         "frame decoder": (frame_inputs(), check_frame),
         "vote reader": (vote_inputs(key), check_votes),
         "shown failure votes": (evidence_inputs(key), lambda value: check_evidence(value, key)),
+        "part statements": (statement_inputs(key), lambda value: check_statement(value, key)),
     }

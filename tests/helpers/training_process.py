@@ -61,6 +61,9 @@ class Fault(enum.Enum):
     reducer (run it with `stop_on_abort`)."""
     SCALED_AVERAGES = enum.auto()
     """As NAN_AVERAGES, with every average 10⁷ times the honest one: finite, but no honest reduction."""
+    SKEWED_AVERAGES = enum.auto()
+    """As NAN_AVERAGES, with every average 1.5 times the honest one: inside every bound, so that only re-reducing
+    it (client/training/reduction_audit.py) tells."""
 
 
 class _LostAnswerStub:
@@ -211,9 +214,11 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     return results
 
 
+HOSTILE_REDUCER_SCALES = {Fault.NAN_AVERAGES: math.nan, Fault.SCALED_AVERAGES: 1e7, Fault.SKEWED_AVERAGES: 1.5}
+
+
 class _HostileAverages(ExactAllReduceRunner):
-    """Answers every other member's share with the honest average times `scale` (Fault.NAN_AVERAGES: NaN,
-    Fault.SCALED_AVERAGES: 10⁷)."""
+    """Answers every other member's share with the honest average times `scale` (HOSTILE_REDUCER_SCALES)."""
 
     scale: float
 
@@ -223,9 +228,16 @@ class _HostileAverages(ExactAllReduceRunner):
 
 
 def _without_checks() -> None:
-    """Replaces, in this process, the checks of averages, parts and votes by ones that pass everything."""
+    """Replaces, in this process, the checks of averages, parts and votes by ones that pass everything, and runs
+    all-reduces without part statements or audits."""
     ExactAllReduceRunner._average_refusal = lambda self, averaged, peer_index, part_index: None
     ExactAllReduceRunner._refusal = lambda self, part, part_index: None
+    audited_init = ExactAllReduceRunner.__init__
+
+    def unaudited_init(self, *args, private_key=None, **kwargs) -> None:
+        audited_init(self, *args, **kwargs)
+
+    ExactAllReduceRunner.__init__ = unaudited_init
 
     def unsigned_vote(private_key, *, namespace, step, attempt, ok, cause=None) -> SignedVote:
         return SignedVote(peer=peer_id_of(private_key.get_public_key()), ok=ok, cause=cause, public_key="unsigned",
@@ -248,8 +260,8 @@ def _inject(worker, job: TrainJob) -> None:
         worker.group.__class__ = FaultyStageGroup
         worker.group.fault_step = job.fault_at[0]
         worker.group.delay_s = 1.0 if job.fault is Fault.LATE_FAILURE else 0.0
-    elif job.fault in (Fault.NAN_AVERAGES, Fault.SCALED_AVERAGES):
-        _HostileAverages.scale = math.nan if job.fault is Fault.NAN_AVERAGES else 1e7
+    elif job.fault in HOSTILE_REDUCER_SCALES:
+        _HostileAverages.scale = HOSTILE_REDUCER_SCALES[job.fault]
         group_allreduce.ExactAllReduceRunner = _HostileAverages
     elif job.fault is Fault.REPLICA_DIVERGES:  # corrupt right after the optimizer step, before the replica check
         optimizer_step = worker.optimizer.step
