@@ -45,7 +45,7 @@ class PartStatement(BaseModel):
         return [self.digests[i:i + _DIGEST_CHARS] for i in range(0, len(self.digests), _DIGEST_CHARS)]
 
 
-def part_digest(buffer: bytes) -> str:
+def part_digest(buffer: bytes | memoryview) -> str:
     return hashlib.sha256(buffer).hexdigest()
 
 

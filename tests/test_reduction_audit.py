@@ -52,6 +52,14 @@ def _untouched(tensors: list[list[torch.Tensor]], members: range) -> bool:
     return all(torch.equal(got, original) for seed in members for got, original in zip(tensors[seed], _tensors(seed)))
 
 
+def _named_by_both_partners(tensors: list[list[torch.Tensor]], outcomes: list, culprit: str, why: str) -> None:
+    """Members 0 and 1 failed their round naming `culprit` as its cause, saying `why`, and applied nothing."""
+    for outcome in outcomes[:2]:
+        assert isinstance(outcome, PartialAllReduce) and outcome.cause == culprit, outcome
+        assert why in str(outcome), outcome
+    assert _untouched(tensors, range(2))
+
+
 @pytest.mark.swarm
 @pytest.mark.timeout(60)
 def test_an_audited_round_averages_exactly():
@@ -79,10 +87,7 @@ def test_a_reducer_that_skews_its_averages_within_the_bounds_is_named_by_every_p
 
     monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Skewing)
     tensors, outcomes, liar = asyncio.run(_round(hostile))
-    for outcome in outcomes[:2]:
-        assert isinstance(outcome, PartialAllReduce) and outcome.cause == liar, outcome
-        assert "away from the aggregate of the parts it shows" in str(outcome), outcome
-    assert _untouched(tensors, range(2))
+    _named_by_both_partners(tensors, outcomes, liar, "away from the aggregate of the parts it shows")
 
     hostile.clear()
     tensors, outcomes, _ = asyncio.run(_round(hostile, keyed=False))
@@ -91,9 +96,11 @@ def test_a_reducer_that_skews_its_averages_within_the_bounds_is_named_by_every_p
 
 @pytest.mark.swarm
 @pytest.mark.timeout(60)
-def test_a_reducer_that_shows_parts_its_senders_did_not_send_is_named(monkeypatch):
-    """Member 2 averages honestly but shows an auditor a part of member 0 other than the one member 0 signed, as a
-    reducer would that averaged forged parts: the statement gives it away."""
+@pytest.mark.parametrize("forgery, why", [("zeros", "bytes its sender's statement does not list"),
+                                          ("truncated", "bytes, where")])
+def test_a_reducer_that_shows_parts_its_senders_did_not_send_is_named(monkeypatch, forgery, why):
+    """Member 2 averages honestly but shows an auditor another part of a sender than the one that sender signed (as
+    a reducer would that averaged forged parts: the statement gives it away), or one cut short."""
     hostile: list = []
     honest_show = group_allreduce.shown_part
 
@@ -101,15 +108,12 @@ def test_a_reducer_that_shows_parts_its_senders_did_not_send_is_named(monkeypatc
         response = honest_show(runner, part_index, sender_index)
         if runner.peer_id in hostile and response.metadata:
             part = response.tensors[0]
-            part.buffer = bytes(len(part.buffer))  # zeros of the same size: a forged part
+            part.buffer = bytes(len(part.buffer)) if forgery == "zeros" else part.buffer[:-4]
         return response
 
     monkeypatch.setattr(group_allreduce, "shown_part", forging)
     tensors, outcomes, liar = asyncio.run(_round(hostile))
-    for outcome in outcomes[:2]:
-        assert isinstance(outcome, PartialAllReduce) and outcome.cause == liar, outcome
-        assert "bytes its sender's statement does not list" in str(outcome), outcome
-    assert _untouched(tensors, range(2))
+    _named_by_both_partners(tensors, outcomes, liar, why)
 
 
 @pytest.mark.swarm
@@ -129,10 +133,7 @@ def test_a_sender_whose_statement_does_not_list_its_parts_is_left_out(monkeypatc
 
     monkeypatch.setattr(group_allreduce, "ExactAllReduceRunner", Misstating)
     tensors, outcomes, liar = asyncio.run(_round(hostile))
-    for outcome in outcomes[:2]:
-        assert isinstance(outcome, PartialAllReduce) and outcome.cause == liar, outcome
-        assert liar in str(outcome), outcome
-    assert _untouched(tensors, range(2))
+    _named_by_both_partners(tensors, outcomes, liar, "members left out: " + liar)
 
 
 def test_a_statement_is_its_senders_for_one_round_and_reducer_only(tmp_path):

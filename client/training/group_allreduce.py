@@ -188,8 +188,8 @@ class GroupRouter(ServicerBase):
     async def rpc_reveal_part(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                               ) -> runtime_pb2.ExpertResponse:
         """One part of this reducer's share as one member sent it, for a member that audits it
-        (client/training/reduction_audit.py), once it has sent every average of the round; nothing to a stranger,
-        for a round it no longer keeps, or to a malformed request."""
+        (client/training/reduction_audit.py), once it has sent its average of that part; nothing to a stranger, for
+        a round it no longer keeps, or to a malformed request."""
         try:
             group_id, part_index, sender_index = parse_reveal_request(request)
         except RejectedInput as e:
@@ -200,7 +200,7 @@ class GroupRouter(ServicerBase):
             return runtime_pb2.ExpertResponse()
         try:
             async with asyncio.timeout(self.answer_wait_s):
-                await answers.complete.wait()
+                await answers.runner.part_sent(part_index).wait()
         except TimeoutError:
             return runtime_pb2.ExpertResponse()
         return shown_part(answers.runner, part_index, sender_index)
@@ -226,7 +226,10 @@ def exact_mean(parts: list[torch.Tensor]) -> torch.Tensor:
     """The mean of the parts, the same bits whatever order they arrived in: each value's terms are summed in sorted
     order, in float64. (hivemind's reducer adds parts as they arrive, so two runs of one round may differ in the last
     bit, and a lossy codec can turn that bit into a whole quantization level.)"""
-    return torch.stack(parts).double().sort(dim=0).values.sum(dim=0).div(len(parts)).float()
+    stacked = torch.stack(parts).double()
+    if len(parts) > 2:  # two terms add up to the same bits in either order: only more need sorting
+        stacked = stacked.sort(dim=0).values
+    return stacked.sum(dim=0).div(len(parts)).float()
 
 
 class _KeepingReducer(TensorPartReducer):
@@ -300,7 +303,10 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.shown: dict[int, list[runtime_pb2.Tensor]] = {}
         """Sender index → its parts as they came, to show an auditor."""
         self.audited: dict[int, torch.Tensor] = {}
-        """Reducer index → its average of the part of its share this member audits."""
+        """Reducer index → its average of the part of its share this member audits ..."""
+        self.audits: dict[int, asyncio.Task] = {}
+        """... and the audit, started as soon as that average is here (reduction_audit.audit_reducer)."""
+        self._part_sent: dict[int, asyncio.Event] = {}
         self.part_norm_ratio = part_norm_ratio
         """The bound on a sender's part norm against this member's (class docstring); None: no bound."""
         self.wire_compression = allreduce_compression(codec)
@@ -331,6 +337,11 @@ class ExactAllReduceRunner(AllReduceRunner):
         """Reducer index → the part of its share this member checks (reduction_audit.py)."""
         self.audited_parts = {peer: sent[peer][part][0].clone() for peer, part in self.audit_targets.items()}
         """Reducer index → what this member sent it for that part: the auditor needs not ask for its own part."""
+        self._my_statements = {} if self.private_key is None else {
+            peer: asyncio.create_task(asyncio.to_thread(self._statement_for, peer, [part for part, _ in sent[peer]]))
+            for peer, reducer in enumerate(self.ordered_peer_ids) if reducer != self.peer_id and sent[peer]}
+        """Reducer index → this member's statement of the parts it sends it, made in a thread (hashing a large
+        gradient takes a while, and hashlib lets other threads run meanwhile)."""
 
     def _part_bound(self, part_index: int) -> float:
         """The largest norm a sender's part `part_index` may have (class docstring)."""
@@ -364,6 +375,15 @@ class ExactAllReduceRunner(AllReduceRunner):
     def sent_shape(self, peer_index: int, part_index: int) -> torch.Size:
         return self._sent_shapes[peer_index][part_index]
 
+    def cancel_checks(self) -> None:
+        """Cancels what is left of this round's statements and audits: a failed round's need not finish."""
+        for task in [*self._my_statements.values(), *self.audits.values()]:
+            task.cancel()
+
+    def part_sent(self, part_index: int) -> asyncio.Event:
+        """Set once this reducer has sent its average of part `part_index`: it may show an auditor its parts."""
+        return self._part_sent.setdefault(part_index, asyncio.Event())
+
     def _outgoing_part(self, part_index: int, averaged: torch.Tensor) -> tuple[runtime_pb2.Tensor, torch.Tensor]:
         """The average of part `part_index` as sent to every member, and as every member decodes it."""
         if part_index not in self.sent:
@@ -374,6 +394,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             if self.feedback is not None:
                 self.feedback.record(self.feedback_round, key, value - decoded)
             self.sent[part_index], self._decoded[part_index] = serialized, decoded
+            self.part_sent(part_index).set()
             if len(self.sent) == self.tensor_part_reducer.num_parts:
                 self.answered.set()
         return self.sent[part_index], self._decoded[part_index]
@@ -418,21 +439,20 @@ class ExactAllReduceRunner(AllReduceRunner):
             decoded = self._outgoing_part(part_index, averaged_part)[1]
             self.tensor_part_container.register_processed_part(peer_index, part_index, decoded.clone())
 
+    def _statement_for(self, peer_index: int, parts: list[torch.Tensor]) -> bytes:
+        """This member's signed statement of `parts`, which it sends reducer `peer_index`: an fp32 part goes on the
+        wire as its float32 bytes, so their digests are known before hivemind serializes a part."""
+        return signed_statement(self.private_key, group_id=self.group_id,
+                                reducer=self.ordered_peer_ids[peer_index].to_base58(),
+                                digests=[part_digest(part.numpy().data) for part in parts])
+
     async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
         """hivemind's stream of parts for a reducer, its first message carrying this member's signed statement of
         them all (protocol/part_statements.py) in its otherwise unused ``peer_id`` field."""
-        if self.private_key is None:
-            async for message in super()._generate_input_for_peer(peer_index):
-                yield message
-            return
-        parts = [part async for part in self.tensor_part_container.iterate_input_parts_for(peer_index)]
-        statement = signed_statement(self.private_key, group_id=self.group_id,
-                                     reducer=self.ordered_peer_ids[peer_index].to_base58(),
-                                     digests=[part_digest(part.buffer) for part in parts])
-        yield averaging_pb2.AveragingData(code=averaging_pb2.PART_FOR_AVERAGING, group_id=self.group_id,
-                                          tensor_part=parts[0], weight=self.weight, peer_id=statement)
-        for part in parts[1:]:
-            yield averaging_pb2.AveragingData(tensor_part=part, weight=self.weight)
+        async for message in super()._generate_input_for_peer(peer_index):
+            if message.code == averaging_pb2.PART_FOR_AVERAGING and peer_index in self._my_statements:
+                message.peer_id = await self._my_statements[peer_index]
+            yield message
 
     async def _communicate_with_reducer(self, peer_id: PeerID) -> None:
         """hivemind's exchange with a remote reducer (every member reduces a share here, so none delays its
@@ -474,6 +494,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                     raise AllreduceException(f"{peer_id} sent an average with {refusal}")
                 if self.audit_targets.get(peer_index) == part_index:
                     self.audited[peer_index] = averaged
+                    self.audits[peer_index] = asyncio.create_task(audit_reducer(self, peer_index, part_index))
                 self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
             part_index += 1
         return part_index
@@ -585,6 +606,25 @@ class StageGroup:
         )
         round_ = await self.router.register(runner)
         try:
+            await self._complete_round(runner, round_, copies, step)
+            await self._audit(runner, step)
+        finally:
+            runner.cancel_checks()
+        if self.feedback is not None:
+            for index, error in enumerate(sent_errors):
+                self.feedback.record((step, attempt), ("sent", index), error)
+            self.feedback.complete((step, attempt))
+        for tensor, averaged in zip(tensors, copies):
+            tensor.copy_(averaged)
+
+    async def _complete_round(self, runner: ExactAllReduceRunner, round_: _Round, copies: list[torch.Tensor],
+                              step: int) -> None:
+        """Runs the round, writing the reducers' averages into `copies`.
+
+        Raises:
+            PartialAllReduce: the round broke, or some values were not averaged.
+        """
+        try:
             async with asyncio.timeout(2 * self.reducer_timeout_s):
                 async for index, averaged in aenumerate(runner):
                     copies[index].copy_(averaged)  # the reducers' averages, bit-identical on every member
@@ -602,24 +642,18 @@ class StageGroup:
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}",
                 cause=next(iter([*runner.bad_reducers, *banned, *runner.reducer_failures]), None))
-        await self._audit(runner, step)
-        if self.feedback is not None:
-            for index, error in enumerate(sent_errors):
-                self.feedback.record((step, attempt), ("sent", index), error)
-            self.feedback.complete((step, attempt))
-        for tensor, averaged in zip(tensors, copies):
-            tensor.copy_(averaged)
 
     @staticmethod
     async def _audit(runner: ExactAllReduceRunner, step: int) -> None:
-        """Checks one part of every other reducer's share (client/training/reduction_audit.py).
+        """The checks of one part of every other reducer's share, started as their averages came
+        (client/training/reduction_audit.py).
 
         Raises:
             PartialAllReduce: a reducer failed its check; it is named as the cause.
         """
-        targets = list(runner.audit_targets.items())
-        problems = await asyncio.gather(*(audit_reducer(runner, peer, part) for peer, part in targets))
-        for (peer_index, _), problem in zip(targets, problems):
+        audits = list(runner.audits.items())
+        problems = await asyncio.gather(*(audit for _, audit in audits))
+        for (peer_index, _), problem in zip(audits, problems):
             if problem is not None:
                 reducer = runner.ordered_peer_ids[peer_index]
                 raise PartialAllReduce(f"all-reduce of step {step}: reducer {reducer} {problem}", cause=reducer)

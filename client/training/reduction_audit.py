@@ -12,6 +12,12 @@ round, and is named as its cause, so no replica applies the step and the member'
 (coordinator/failure_votes.py). A reducer that falsifies every part is caught by each partner at once; one that
 falsifies a fraction f of its parts, by each partner with probability f per round.
 
+What this buys: a reducer's own part is its own gradient, which nobody else can recompute, so a reducer may still
+show an own part made up to fit a wrong average; but that part must pass the bound any sender's part must pass, and
+goes through the same aggregation (CenteredClip clips it like any other). A hostile reducer can thus do no more to
+its share than a hostile sender can do to every share; without the audit it could send any average within the
+square of the part bound.
+
 Audits run when the group's codec is fp32, where an average is a function of the parts alone; a lossy codec adds the
 reducer's own error-feedback residual to its averages, which no auditor can know.
 """
@@ -28,7 +34,7 @@ from hivemind.compression import CompressionInfo
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from hetswarm.protocol.codecs import decode_tensor
+from hetswarm.protocol.codecs import decode_tensor, wire_bytes, wire_dtype
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.part_statements import part_digest, read_statement
 
@@ -129,18 +135,18 @@ def _checked_part(runner: ExactAllReduceRunner, response: runtime_pb2.ExpertResp
         raise RejectedInput(f"{len(response.tensors)} tensors instead of one")
     part = response.tensors[0]
     shape = list(runner.sent_shape(peer_index, part_index))
-    if part.compression != runner.wire_compression.compression_type or list(part.size) != shape:
-        raise RejectedInput(f"a part of size {list(part.size)}, where {shape} in {runner.codec} were sent")
+    dtype, size = str(wire_dtype(runner.codec)).removeprefix("torch."), wire_bytes(runner.codec, math.prod(shape))
+    if (part.compression, part.dtype, list(part.size), len(part.buffer)) != (
+            runner.wire_compression.compression_type, dtype, shape, size):
+        raise RejectedInput(f"a {part.dtype} part of size {list(part.size)} in {len(part.buffer)} bytes, where "
+                            f"{shape} in {runner.codec} were sent")
     if sender != reducer:
         digests = read_statement(response.metadata, group_id=runner.group_id, sender=sender.to_base58(),
                                  reducer=reducer.to_base58(), parts=runner.tensor_part_container.num_parts_by_peer[
                                      peer_index])
         if part_digest(part.buffer) != digests[part_index]:
             raise RejectedInput("bytes its sender's statement does not list")
-    try:
-        decoded = decode_tensor(part, runner.codec)
-    except ValueError as e:
-        raise RejectedInput(f"bytes that are not a part ({e})") from None
+    decoded = decode_tensor(part, runner.codec)  # its type, shape and byte count are checked above
     norm = float(decoded.norm())
     if not math.isfinite(norm):
         raise RejectedInput("a part with NaN or infinite values")

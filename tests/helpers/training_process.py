@@ -59,8 +59,6 @@ class Fault(enum.Enum):
     NAN_AVERAGES = enum.auto()
     """From the start, every average this member reduces for the others is NaN (its own copy is honest): a hostile
     reducer (run it with `stop_on_abort`)."""
-    SCALED_AVERAGES = enum.auto()
-    """As NAN_AVERAGES, with every average 10⁷ times the honest one: finite, but no honest reduction."""
     SKEWED_AVERAGES = enum.auto()
     """As NAN_AVERAGES, with every average 1.5 times the honest one: inside every bound, so that only re-reducing
     it (client/training/reduction_audit.py) tells."""
@@ -214,7 +212,7 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     return results
 
 
-HOSTILE_REDUCER_SCALES = {Fault.NAN_AVERAGES: math.nan, Fault.SCALED_AVERAGES: 1e7, Fault.SKEWED_AVERAGES: 1.5}
+HOSTILE_REDUCER_SCALES = {Fault.NAN_AVERAGES: math.nan, Fault.SKEWED_AVERAGES: 1.5}
 
 
 class _HostileAverages(ExactAllReduceRunner):
