@@ -83,8 +83,9 @@ def main() -> None:
         f"this process: signing one vote takes {sign_ms:.2f} ms and verifying one {verify_ms:.3f} ms, so a member's "
         f"own vote and the 3 others' take {votes_ms:.2f} ms of a {step_ms:.0f} ms step "
         f"({100 * votes_ms / step_ms:.1f} %); the average and part checks are a norm per part, on tensors the "
-        f"all-reduce already walks; the audits add, per step and member, a signed statement per reducer and, after "
-        f"the round, one request per other reducer and other sender for one part (client/training/reduction_audit.py).",
+        f"all-reduce already walks; the audits add, per step and member, a signed statement per reducer and one "
+        f"request per other reducer and other sender for one part, made as soon as that part's average is here "
+        f"(client/training/reduction_audit.py).",
         width=117)
     markdown = f"""## Checks against hostile members: what they cost a fault-free run
 

@@ -19,6 +19,7 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
                      (imports hivemind, to check signatures)
  * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
  * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
+ * checkpoint_ledger.py - the roots of the checkpoints the named savers wrote: what a resume may load
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled
  * admission.py    - who may be planned: everyone, or (closed) the allow-list and holders of our join tokens
  * claims.py       - claimed TFLOPS against reported compute times; liars priced by what they do

@@ -10,6 +10,7 @@ imports the errors) must stay usable without it.
  * identity.py     - the RSA key that is both libp2p identity and record-signing key; peer id of a key
  * votes.py        - signed commit votes and the evidence of aborted attempts: schemas, read without hivemind
  * vote_signing.py - signing a vote, and checking that a vote is its member's
+ * part_statements.py - a sender's signed statement of the all-reduce parts it sent a reducer
  * signing.py      - the validators every node installs (size, RSA signature, owner binding, lifetime, schema)
  * join_tokens.py  - the coordinator's signed tokens that admit one peer to a closed swarm
  * atomic_files.py - files written whole or not at all (temporary file, fsync, rename)

@@ -2,7 +2,7 @@
 
 A coordinator (2 pipelines × 2 stages, checkpoints every 4 steps) and four clients train the tiny model with fp32
 on the wire; every client scrambles its weights right after committing step CORRUPT (a test-only fault,
-HETSWARM_TEST_CORRUPT_AFTER_STEP), the same way on both replicas of a stage, as a poisoned update that slipped
+tests/helpers/process_faults.py), the same way on both replicas of a stage, as a poisoned update that slipped
 past every check would: the replicas still agree, their gradients pass the all-reduce's checks, but the loss jumps.
 (A single corrupted replica is caught earlier, by its partner's all-reduce.) The coordinator publishes the same roles from the newest complete checkpoint of a step whose loss was normal, and says
 why. Every step's last logged loss, and so the model they trained, equals (1e-4) that of a plain 2 × 2 run.
@@ -18,6 +18,7 @@ from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import losses
+from tests.helpers.process_faults import corrupt_after_step_env
 from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
 from tests.helpers.tiny_training import SEED
 from tests.helpers.waiting import wait_until
@@ -44,7 +45,7 @@ def rolled_back(tmp_path_factory, golden_swarm) -> dict:
             f"peer{i}", "--coordinator", swarm.coordinator_id, "--ttl", "60", "--torch-threads", "1", "--seed",
             str(SEED), "--max-steps", str(STEPS), "--checkpoint-dir", str(tmp / f"ckpt{i}"), "--emulate", "worldwide",
             "--site", SITES[i],
-            env={"HETSWARM_TEST_CORRUPT_AFTER_STEP": str(CORRUPT)}) for i in range(4)]
+            env=corrupt_after_step_env(CORRUPT)) for i in range(4)]
         via = clients[0].wait_for(JOINED, 120).group(1)
         observer, _ = start_node(SWARM, tmp / "observer.key", [via])
         try:

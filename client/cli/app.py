@@ -1,6 +1,8 @@
 """The `hetswarm` command: join a swarm, monitor it, plan schedules, run a coordinator or the demo."""
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -181,6 +183,14 @@ def monitor(
                       coordinator=check_coordinator_id(coordinator) if coordinator else None, web=web)
 
 
+TEST_PLUGIN_ENV = "HETSWARM_TEST_PLUGIN"
+"""The one door for tests into a process they start (tests/helpers/process_faults.py): ``module:function``, called
+before the command runs. Unset (always, outside tests), nothing happens."""
+
+
 def main() -> None:
     """Every command of the full app; expected errors become one red line on stderr and exit code 1."""
+    if plugin := os.environ.get(TEST_PLUGIN_ENV):
+        module, _, function = plugin.partition(":")
+        getattr(importlib.import_module(module), function)()
     run(app)

@@ -13,6 +13,7 @@ llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a
  * reference.py         - the single-process step that a distributed step must equal
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
  * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner, bit-identical results)
+ * reduction_audit.py   - every member re-reduces one part of each other reducer's share from its signed parts
  * tied_embeddings.py   - tied embeddings cut into stages: the first and last stages' copies kept equal
  * activation_memory.py - what a stage's forward keeps for its backward, measured (the cost model's check)
  * error_feedback.py    - what a compressed all-reduce cut from a gradient, carried into the next step

@@ -32,7 +32,6 @@ coordinator/failure_votes.py judges them).
 """
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -60,17 +59,6 @@ _MAX_KEYS = 4 * _KEEP_STEPS + 8
 """Keys (step, attempt) a board holds votes for: a member cannot make it keep votes for any number of them."""
 _STEPS_AHEAD = 2
 """How far past the step a board is at a vote may be (a neighbour that finished first is one step ahead)."""
-
-
-_HOSTILE_VOTES = os.environ.get("HETSWARM_TEST_HOSTILE_VOTES")
-"""Test only (tests/test_attack_votes.py): while the file it names exists, this peer is a member that freezes the plan,
-voting failure on every attempt and naming another member as the cause, a different one each attempt."""
-
-
-def _hostile_vote(key: StepKey, vote: bool, cause: str | None, others: Sequence[PeerID]) -> tuple[bool, str | None]:
-    if _HOSTILE_VOTES is None or not others or not os.path.exists(_HOSTILE_VOTES):
-        return vote, cause
-    return False, others[key[1] % len(others)].to_base58()
 
 
 class CommitBoard(ServicerBase):
@@ -192,7 +180,6 @@ class CommitBoard(ServicerBase):
         """
         others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
         if vote is not None:
-            vote, cause = _hostile_vote(key, vote, cause, others)
             mine = signed_vote(self.private_key, namespace=self.namespace, step=key[0], attempt=key[1], ok=vote,
                                cause=None if vote or cause not in self._by_name else cause)
             self.record(key, [mine], relayer=self.p2p.peer_id)

@@ -27,7 +27,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,20 +56,6 @@ from hetswarm.protocol.records import Assignment, CheckpointInfo, Health, PeerRo
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup", "recordable_loss"]
 
 logger = logging.getLogger(__name__)
-
-_CORRUPT_AFTER_STEP = int(os.environ.get("HETSWARM_TEST_CORRUPT_AFTER_STEP", "-1"))
-"""A fault for tests only (tests/test_loss_rollback.py): this replica's weights are scrambled right after it
-commits this step (once), as silent data corruption on a volunteer's GPU would; -1, the default, never."""
-
-
-def _corrupt(module: torch.nn.Module, step: int) -> bool:
-    logger.warning(f"HETSWARM_TEST_CORRUPT_AFTER_STEP: scrambling this replica's weights after step {step}")
-    generator = torch.Generator().manual_seed(step)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter) * 3.0)
-    return True
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainerConfig:
@@ -160,7 +145,6 @@ class Trainer:
         self._progress = _ProgressPublisher(node, ttl_s=config.ttl_s)
         self._step = 0
         """The step the training loop is on, for reports made beside it (the heartbeat)."""
-        self._corrupted = False
         self._recent_losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=MAX_RECENT_LOSSES)
         """(step, loss) of the last consecutive steps this peer committed (last stage only)."""
         self._held_out: tuple[int, float] | None = None
@@ -381,8 +365,6 @@ class Trainer:
                 continue  # the same step: no peer of the plan applied it
             failures = 0
             self.last_report = report
-            if report.step == _CORRUPT_AFTER_STEP and not self._corrupted:
-                self._corrupted = _corrupt(worker.module, report.step)
             await self._keep_state(worker, assignment, report.step + 1)
             if (assignment.version, report.step) > self._published:  # never publish a step twice
                 self._published = (assignment.version, report.step)

@@ -1,0 +1,77 @@
+"""Faults a test puts into the `hetswarm` processes it starts, through the CLI's one test door: a client started with
+``HETSWARM_TEST_PLUGIN=tests.helpers.process_faults:install`` (``PLUGIN``, below) calls `install` before its command
+runs, and `install` reads the faults it is asked for from the process's environment:
+
+``HETSWARM_TEST_HOSTILE_VOTES`` (tests/test_attack_votes.py)
+    a file: while it exists, this peer is a member that freezes the plan, voting failure on every attempt and naming
+    another member as the cause, a different one each attempt.
+``HETSWARM_TEST_CORRUPT_AFTER_STEP`` (tests/test_loss_rollback.py)
+    a step: this replica's weights are scrambled right after it commits that step (once), as silent data corruption
+    on a volunteer's GPU would.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from hetswarm.client.cli.app import TEST_PLUGIN_ENV
+from hetswarm.client.training.step_commit import CommitBoard
+from hetswarm.client.training.trainer import Trainer
+
+__all__ = ["PLUGIN", "corrupt_after_step_env", "hostile_votes_env", "install"]
+
+logger = logging.getLogger(__name__)
+
+PLUGIN = {TEST_PLUGIN_ENV: f"{__name__}:install"}
+"""What a test adds to a client's environment for `install` to run in it."""
+_HOSTILE_VOTES, _CORRUPT_AFTER_STEP = "HETSWARM_TEST_HOSTILE_VOTES", "HETSWARM_TEST_CORRUPT_AFTER_STEP"
+
+
+def hostile_votes_env(switch: os.PathLike) -> dict[str, str]:
+    """A client's environment for a member that turns hostile once the file `switch` exists."""
+    return PLUGIN | {_HOSTILE_VOTES: str(switch)}
+
+
+def corrupt_after_step_env(step: int) -> dict[str, str]:
+    """A client's environment for a replica whose weights are scrambled after it commits `step`."""
+    return PLUGIN | {_CORRUPT_AFTER_STEP: str(step)}
+
+
+def install() -> None:
+    if (switch := os.environ.get(_HOSTILE_VOTES)) is not None:
+        _vote_hostile_while(switch)
+    if (step := os.environ.get(_CORRUPT_AFTER_STEP)) is not None:
+        _corrupt_after(int(step))
+
+
+def _vote_hostile_while(switch: str) -> None:
+    decide = CommitBoard.decide
+
+    @functools.wraps(decide)
+    async def hostile(self: CommitBoard, key, vote, *, cause=None, timeout_s):
+        others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
+        if vote is not None and others and os.path.exists(switch):
+            vote, cause = False, others[key[1] % len(others)].to_base58()
+        return await decide(self, key, vote, cause=cause, timeout_s=timeout_s)
+
+    CommitBoard.decide = hostile
+
+
+def _corrupt_after(corrupt_step: int) -> None:
+    keep_state, done = Trainer._keep_state, []
+
+    @functools.wraps(keep_state)
+    async def corrupting(self: Trainer, worker, assignment, step: int) -> None:
+        if step == corrupt_step + 1 and not done:  # kept right after `corrupt_step` commits
+            logger.warning(f"{_CORRUPT_AFTER_STEP}: scrambling this replica's weights after step {corrupt_step}")
+            generator = torch.Generator().manual_seed(corrupt_step)
+            with torch.no_grad():
+                for parameter in worker.module.parameters():
+                    parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter) * 3.0)
+            done.append(corrupt_step)
+        await keep_state(self, worker, assignment, step)
+
+    Trainer._keep_state = corrupting
