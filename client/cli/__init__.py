@@ -14,13 +14,17 @@
  * render.py      - everything drawn for people: the monitor's tables, the demo's live view and summary
  * plots.py       - the demo's PNG (loss curves, measured vs predicted step time); matplotlib is optional
 
-Nothing outside this room imports it.
+Nothing outside this room imports it, but for the tests' one door into a process (`TEST_PLUGIN_ENV`).
 """
 import sys
 
 from hetswarm.client.cli.options import run
 
-__all__ = ["app", "main"]
+__all__ = ["TEST_PLUGIN_ENV", "app", "main"]
+
+TEST_PLUGIN_ENV = "HETSWARM_TEST_PLUGIN"
+"""The one door for tests into a `hetswarm` process they start (tests/helpers/process_faults.py): ``module:function``,
+called before a command of the full app runs. Unset (always, outside tests), nothing happens."""
 
 
 def main() -> None:

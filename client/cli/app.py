@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hetswarm.client.cli import processes
+from hetswarm.client.cli import TEST_PLUGIN_ENV, processes
 from hetswarm.client.cli.coordinator import coordinator
 from hetswarm.client.cli.data import data_app
 from hetswarm.client.cli.demo import demo
@@ -181,11 +181,6 @@ def monitor(
                              client_mode=True)
     processes.monitor(node_config, once=once or json_output, as_json=json_output, refresh_s=refresh,
                       coordinator=check_coordinator_id(coordinator) if coordinator else None, web=web)
-
-
-TEST_PLUGIN_ENV = "HETSWARM_TEST_PLUGIN"
-"""The one door for tests into a process they start (tests/helpers/process_faults.py): ``module:function``, called
-before the command runs. Unset (always, outside tests), nothing happens."""
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from hetswarm.client.cli.app import TEST_PLUGIN_ENV
+from hetswarm.client.cli import TEST_PLUGIN_ENV
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.client.training.trainer import Trainer
 
