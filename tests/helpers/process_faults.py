@@ -4,7 +4,8 @@ runs, and `install` reads the faults it is asked for from the process's environm
 
 ``HETSWARM_TEST_HOSTILE_VOTES`` (tests/test_attack_votes.py)
     a file: while it exists, this peer is a member that freezes the plan, voting failure on every attempt and naming
-    another member as the cause, a different one each attempt.
+    another member as the cause, a different one each attempt; its Progress records report a loss spike and every
+    other member unreachable, and its peer record claims to follow plan version 10⁹.
 ``HETSWARM_TEST_CORRUPT_AFTER_STEP`` (tests/test_loss_rollback.py)
     a step: this replica's weights are scrambled right after it commits that step (once), as silent data corruption
     on a volunteer's GPU would.
@@ -18,8 +19,11 @@ import os
 import torch
 
 from hetswarm.client.cli import TEST_PLUGIN_ENV
+from hetswarm.client.peer.volunteer import Volunteer
 from hetswarm.client.training.step_commit import CommitBoard
-from hetswarm.client.training.trainer import Trainer
+from hetswarm.client.training.trainer import Trainer, _ProgressPublisher
+from hetswarm.protocol.limits import MAX_STEP, MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.records import PeerRecord, Progress
 
 __all__ = ["PLUGIN", "corrupt_after_step_env", "hostile_votes_env", "install"]
 
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 PLUGIN = {TEST_PLUGIN_ENV: f"{__name__}:install"}
 """What a test adds to a client's environment for `install` to run in it."""
 _HOSTILE_VOTES, _CORRUPT_AFTER_STEP = "HETSWARM_TEST_HOSTILE_VOTES", "HETSWARM_TEST_CORRUPT_AFTER_STEP"
+_SPIKE = 1e5
+"""The loss a hostile member reports: 10⁴ times the tiny model's."""
 
 
 def hostile_votes_env(switch: os.PathLike) -> dict[str, str]:
@@ -48,16 +54,32 @@ def install() -> None:
 
 
 def _vote_hostile_while(switch: str) -> None:
-    decide = CommitBoard.decide
+    """While `switch` exists: every vote a failure naming another member; every Progress record a loss spike and
+    every other member reported unreachable; the peer record a follower of plan version 10⁹."""
+    decide, submit, record = CommitBoard.decide, _ProgressPublisher.submit, Volunteer.record
+    members: list[str] = []  # the others of the plan, as its commit board knows them
 
     @functools.wraps(decide)
     async def hostile(self: CommitBoard, key, vote, *, cause=None, timeout_s):
         others = sorted(self.members - {self.p2p.peer_id}, key=lambda peer: peer.to_bytes())
+        members[:] = [peer.to_base58() for peer in others]
         if vote is not None and others and os.path.exists(switch):
-            vote, cause = False, others[key[1] % len(others)].to_base58()
+            vote, cause = False, members[key[1] % len(members)]
         return await decide(self, key, vote, cause=cause, timeout_s=timeout_s)
 
-    CommitBoard.decide = hostile
+    @functools.wraps(submit)
+    def spiking(self: _ProgressPublisher, progress: Progress) -> None:
+        if os.path.exists(switch):
+            progress = progress.copy(update={"loss": _SPIKE, "recent_losses": [_SPIKE],
+                                             "unreachable": members[:MAX_UNREACHABLE_PER_RECORD]})
+        submit(self, progress)
+
+    @functools.wraps(record)
+    def inflated(self: Volunteer) -> PeerRecord:
+        ours = record(self)
+        return ours.copy(update={"assignment_version": MAX_STEP}) if os.path.exists(switch) else ours
+
+    CommitBoard.decide, _ProgressPublisher.submit, Volunteer.record = hostile, spiking, inflated
 
 
 def _corrupt_after(corrupt_step: int) -> None:
