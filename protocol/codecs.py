@@ -38,7 +38,7 @@ from hivemind.proto import runtime_pb2
 from hetswarm.protocol.wire_format import BLOCK_VALUES, Codec
 
 __all__ = ["COMPRESSION_TYPES", "BlockwiseQuantizer", "allreduce_compression", "decode_tensor", "encode_tensor",
-           "round_trip", "wire_bytes", "wire_dtype"]
+           "round_trip", "wire_bytes", "wire_dtype_name"]
 
 _BITS: dict[Codec, int] = {"8bit": 8, "4bit": 4, "2bit": 2}
 _DTYPES: dict[Codec, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16} | dict.fromkeys(_BITS, torch.float32)
@@ -132,9 +132,9 @@ def _view(buffer: bytes, dtype: torch.dtype, *, offset: int, count: int) -> torc
 _QUANTIZERS: dict[Codec, BlockwiseQuantizer] = {codec: BlockwiseQuantizer(bits) for codec, bits in _BITS.items()}
 
 
-def wire_dtype(codec: Codec) -> torch.dtype:
-    """The dtype a tensor sent in `codec` decodes to."""
-    return _DTYPES[codec]
+def wire_dtype_name(codec: Codec) -> str:
+    """The dtype label a message in `codec` carries (hivemind's ``runtime_pb2.Tensor.dtype``)."""
+    return str(_DTYPES[codec]).removeprefix("torch.")
 
 
 def wire_bytes(codec: Codec, numel: int) -> int:
@@ -152,7 +152,7 @@ def encode_tensor(tensor: torch.Tensor, codec: Codec) -> runtime_pb2.Tensor:
 
 
 def decode_tensor(serialized: runtime_pb2.Tensor, codec: Codec) -> torch.Tensor:
-    """The CPU tensor a message sent in `codec` carries (its dtype is `wire_dtype(codec)`); the caller has checked
+    """The CPU tensor a message sent in `codec` carries (its dtype is `wire_dtype_name(codec)`); the caller has checked
     that the message's compression label is the codec's (COMPRESSION_TYPES)."""
     if codec in _QUANTIZERS:
         return _QUANTIZERS[codec].extract(serialized)

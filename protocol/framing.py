@@ -30,7 +30,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
 from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, conint, conlist
 
-from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, encode_tensor, wire_bytes, wire_dtype
+from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, encode_tensor, wire_bytes, wire_dtype_name
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.limits import FRAME_PART_BYTES, MAX_FRAME_BYTES, MAX_FRAME_HEADER_BYTES
 from hetswarm.protocol.wire_format import Codec
@@ -202,7 +202,7 @@ class _FrameReader:
         if self.header is None:
             raise FrameError("the stream ended before a frame began")
         first, codec = self.parts[0], self.header.codec
-        compression, dtype = COMPRESSION_TYPES[codec], str(wire_dtype(codec)).removeprefix("torch.")
+        compression, dtype = COMPRESSION_TYPES[codec], wire_dtype_name(codec)
         if first.compression != compression:
             raise FrameError(f"frame tensor uses {runtime_pb2.CompressionType.Name(first.compression)}, its header's "
                              f"codec {codec} is sent as {runtime_pb2.CompressionType.Name(compression)}")

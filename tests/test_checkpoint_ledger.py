@@ -8,13 +8,12 @@ import json
 import pytest
 
 from hetswarm.client.training.checkpoints import CheckpointDir
-from hetswarm.client.training.stage_state import unit_digests, units_root
 from hetswarm.coordinator.checkpoint_ledger import MAX_RECORDED_STEPS, CheckpointLedger
 from hetswarm.coordinator.run_state import CoordinatorState
 from hetswarm.coordinator.state_plan import plan_state, rollback_state
 from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, CheckpointRoot, PeerRecord
 from tests.helpers.swarm_records import IDS, record
-from tests.helpers.tiny_training import TINY, assignment_for, second_stage_state
+from tests.helpers.tiny_training import TINY, assignment_for, checkpoint_root, second_stage_state
 
 A, B, C, D, FORGER = IDS[:5]
 PLAN = assignment_for([[A, B], [C, D]], IDS[9]).copy(update={
@@ -83,7 +82,8 @@ def test_a_saved_checkpoint_advertises_the_root_of_its_units_digests(tmp_path):
     state = second_stage_state(12)
     checkpoints.save(state, layers=(2, 4), model=TINY, plan_version=3)
     (info,) = checkpoints.infos()
-    assert info.root == units_root(unit_digests(state)) and info.plan_version == 3
+    assert info.root == checkpoint_root(state) and info.plan_version == 3
+    assert checkpoints.list()[0].path.read_bytes() == state.encode()  # written from the units' encodings, joined
     meta_path = next(tmp_path.glob("ledgertest/*.json"))
     meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"root": "forged"}))
     assert checkpoints.infos() == []  # an unreadable checkpoint is skipped, not advertised

@@ -11,10 +11,11 @@ import torch
 from hetswarm.client.training import checkpoints as checkpoints_module
 from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.model import build_stage
-from hetswarm.client.training.stage_state import StageState, unit_digests, units_of_layers, units_root
+from hetswarm.client.training.stage_state import StageState, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.records import CheckpointInfo
+from tests.helpers.tiny_training import checkpoint_root
 
 TINY = get_model_config("tiny")
 LAST = (2, 4)
@@ -37,8 +38,8 @@ def test_a_saved_checkpoint_is_found_whole_and_only_the_newest_are_kept(tmp_path
         assert torch.equal(found.tensors[name], tensor), name
     assert folder.find_part(4, ["head"]) is None and folder.find_part(12, ["embed"]) is None
     assert folder.infos() == [
-        CheckpointInfo(step=12, layers=[2, 4], plan_version=3, root=units_root(unit_digests(state_at(12)))),
-        CheckpointInfo(step=8, layers=[2, 4], plan_version=3, root=units_root(unit_digests(state_at(8))))]
+        CheckpointInfo(step=12, layers=[2, 4], plan_version=3, root=checkpoint_root(state_at(12))),
+        CheckpointInfo(step=8, layers=[2, 4], plan_version=3, root=checkpoint_root(state_at(8)))]
 
 
 def test_a_corrupt_or_half_written_checkpoint_is_skipped(tmp_path, caplog):

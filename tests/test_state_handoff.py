@@ -13,7 +13,7 @@ import torch
 from hetswarm.client.training import state_handoff
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.model import build_stage
-from hetswarm.client.training.stage_state import StageState, unit_digests, units_of_layers, units_root
+from hetswarm.client.training.stage_state import StageState, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.client.training.state_handoff import (
     Agreement,
@@ -26,7 +26,7 @@ from hetswarm.client.training.state_handoff import (
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.records import CheckpointRoot
 from tests.helpers.p2p_nodes import connected_p2ps
-from tests.helpers.tiny_training import TINY, second_stage_state
+from tests.helpers.tiny_training import TINY, checkpoint_root, second_stage_state
 
 NAMESPACE = state_namespace("handofftest")
 UNITS = units_of_layers((2, 4), TINY.n_layers)
@@ -72,7 +72,7 @@ def test_a_resume_takes_only_the_checkpoint_its_recorded_root_proves_however_man
     saved, forged = second_stage_state(12), second_stage_state(12, seed=1)
     checkpoints.save(saved, layers=(2, 4), model=TINY, plan_version=1)
     roots = [CheckpointRoot(layers=[2, 4], root=checkpoints.list()[0].root)]
-    assert roots[0].root == units_root(unit_digests(saved)) != units_root(unit_digests(forged))
+    assert roots[0].root == checkpoint_root(saved) != checkpoint_root(forged)
 
     async def scenario():
         async with connected_p2ps(4) as (asker, saver, forger, second_forger):

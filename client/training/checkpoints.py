@@ -27,6 +27,7 @@ from hetswarm.client.training.stage_state import (
     decode_tensors,
     merged,
     unit_digests,
+    unit_encodings,
     unit_of,
     units_of_layers,
     units_root,
@@ -74,13 +75,14 @@ class CheckpointDir:
         a, b = layers
         if state.units != sorted(units_of_layers(layers, model.n_layers)):
             raise ValueError(f"state holds {state.units}, not the units of layers [{a}, {b})")
-        blob = state.encode()
+        encodings = unit_encodings(state)  # each unit encoded once: for the file and for the root
+        blob = b"".join(encodings.values())
         stem = f"layers-{a}-{b}-step-{state.step}"
         data_path = self.folder / f"{stem}.state"
         write_bytes(data_path, blob, durable=True)
         meta = CheckpointMeta(step=state.step, layers=(a, b), model=model.to_dict(), plan_version=plan_version,
                               digest=hashlib.sha256(blob).hexdigest(), size=len(blob), path=data_path,
-                              root=units_root(unit_digests(state)))
+                              root=units_root(unit_digests(encodings)))
         write_json(self.folder / f"{stem}.json", {
             "step": meta.step, "layers": [a, b], "model": meta.model, "plan_version": plan_version,
             "digest": meta.digest, "size": meta.size, "root": meta.root, "saved_at": time.time()}, durable=True)

@@ -94,7 +94,7 @@ class _Answers:
     banned: set[PeerID]
     complete: asyncio.Event
     runner: "ExactAllReduceRunner"
-    """For an auditor: the parts this reducer was sent (reduction_audit.shown_parts)."""
+    """For an auditor: the parts this reducer was sent (reduction_audit.shown_part)."""
 
 
 class GroupRouter(ServicerBase):
@@ -325,7 +325,7 @@ class ExactAllReduceRunner(AllReduceRunner):
         reducer.finished.set()  # unused: its finalizer would warn that it received none of its parts
         self.aggregate = centered_clip if aggregation == "centered_clip" else exact_mean
         self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders, self.aggregate)
-        sent = self.tensor_part_container._input_parts_by_peer  # hivemind frees these once the round ends
+        sent = self.tensor_part_container._input_parts_by_peer  # ours too; hivemind frees them once the round ends
         self._sent_shapes = [[part.shape for part, _ in parts] for parts in sent]
         self._sent_norms = [[float(part.norm()) for part, _ in parts] for parts in sent]
         every = [norm for norms in self._sent_norms for norm in norms]
@@ -345,10 +345,8 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     def _part_bound(self, part_index: int) -> float:
         """The largest norm a sender's part `part_index` may have (class docstring)."""
-        if not hasattr(self, "_local_norms"):
-            self._local_norms = [float(part.norm()) for part in self.parts_for_local_averaging]
-            self._mean_norm = sum(self._local_norms) / max(len(self._local_norms), 1)
-        return self.part_norm_ratio * max(self._local_norms[part_index], self._mean_norm, 1e-12)
+        own = self._sent_norms[self.ordered_peer_ids.index(self.peer_id)]  # the parts this member reduces
+        return self.part_norm_ratio * max(own[part_index], sum(own) / max(len(own), 1), 1e-12)
 
     def _average_refusal(self, averaged: torch.Tensor, peer_index: int, part_index: int) -> str | None:
         """Why an average a reducer sent cannot be the reduction of honest parts, or None. An average is no longer

@@ -2,9 +2,9 @@
 
 A reducer could send back any average within the bounds that ``ExactAllReduceRunner`` checks (finite, no longer
 than an honest reduction could be), and every replica would apply it. BTARD (Gorbunov et al. 2022, "Secure
-Distributed Training at Scale") closes this by re-reducing random parts; here, after a round completes, each member
-asks every other reducer to show one part of its share, chosen by this member alone and told to nobody before the
-reducer has sent its averages: that part as each sender sent it, with the sender's signed statement of its parts
+Distributed Training at Scale") closes this by re-reducing random parts; here each member asks every other reducer,
+as soon as its average of the part comes, to show one part of its share, chosen by this member alone and told to
+nobody before the reducer has sent that average: that part as each sender sent it, with the sender's signed statement of its parts
 (protocol/part_statements.py), and the reducer's own part. The member checks each statement and digest, bounds the
 reducer's own part as any sender's part is bounded, aggregates the parts itself as the reducer does, and compares
 with the average it got. A reducer that cannot show parts its average is the aggregate of fails the member's
@@ -34,7 +34,7 @@ from hivemind.compression import CompressionInfo
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from hetswarm.protocol.codecs import decode_tensor, wire_bytes, wire_dtype
+from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, wire_bytes, wire_dtype_name
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.part_statements import part_digest, read_statement
 
@@ -135,9 +135,9 @@ def _checked_part(runner: ExactAllReduceRunner, response: runtime_pb2.ExpertResp
         raise RejectedInput(f"{len(response.tensors)} tensors instead of one")
     part = response.tensors[0]
     shape = list(runner.sent_shape(peer_index, part_index))
-    dtype, size = str(wire_dtype(runner.codec)).removeprefix("torch."), wire_bytes(runner.codec, math.prod(shape))
-    if (part.compression, part.dtype, list(part.size), len(part.buffer)) != (
-            runner.wire_compression.compression_type, dtype, shape, size):
+    layout = (COMPRESSION_TYPES[runner.codec], wire_dtype_name(runner.codec), shape,
+              wire_bytes(runner.codec, math.prod(shape)))
+    if (part.compression, part.dtype, list(part.size), len(part.buffer)) != layout:
         raise RejectedInput(f"a {part.dtype} part of size {list(part.size)} in {len(part.buffer)} bytes, where "
                             f"{shape} in {runner.codec} were sent")
     if sender != reducer:

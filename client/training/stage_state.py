@@ -27,8 +27,8 @@ import torch
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_digests", "unit_of",
-           "units_of_layers", "units_root"]
+__all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_digests",
+           "unit_encodings", "unit_of", "units_of_layers", "units_root"]
 
 Digest = TypeVar("Digest", str, bytes)
 
@@ -125,10 +125,16 @@ class StageState:
         return hashlib.sha256(self.encode()).digest()
 
 
-def unit_digests(state: StageState) -> dict[str, str]:
+def unit_encodings(state: StageState) -> dict[str, bytes]:
+    """Each unit's encoding, in `state.units` order. Joined, they are `state.encode()`: a unit's tensor names all start
+    with the unit and a dot, so they sort together, and in the order of the units' names."""
+    return {unit: state.select([unit]).encode() for unit in state.units}
+
+
+def unit_digests(encodings: Mapping[str, bytes]) -> dict[str, str]:
     """The SHA-256 (hex) of each unit's encoding: what a holder reports for it and a download is checked against
     (client/training/state_handoff.py)."""
-    return {unit: hashlib.sha256(state.select([unit]).encode()).hexdigest() for unit in state.units}
+    return {unit: hashlib.sha256(blob).hexdigest() for unit, blob in encodings.items()}
 
 
 def units_root(digests: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ import torch
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.model import build_full_model, build_stage
 from hetswarm.client.training.reference import held_out_loss, reference_step, step_batches
-from hetswarm.client.training.stage_state import StageState
+from hetswarm.client.training.stage_state import StageState, unit_digests, unit_encodings, units_root
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.identity import load_identity, peer_id_of
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
@@ -54,6 +54,11 @@ def second_stage_state(step: int, *, seed: int = 0) -> StageState:
         param.grad = torch.ones_like(param)
     optimizer.step()
     return StageState.capture(stage, optimizer, step=step)
+
+
+def checkpoint_root(state: StageState) -> str:
+    """The root a checkpoint of `state` advertises (client/training/checkpoints.py)."""
+    return units_root(unit_digests(unit_encodings(state)))
 
 
 def peer_ids(tmp: Path, count: int) -> tuple[list[Path], list[str]]:
