@@ -212,7 +212,8 @@ class Broadcaster:
         self._not_admitted: dict[str, str] = {}
         """Peers of the last read that the admission rule refused, with the reason."""
         self._flagged: dict[str, str] = {}
-        """Peers whose claims their measured compute contradicts, with the reason (coordinator/claims.py)."""
+        """Peers whose claims their measured compute contradicts (coordinator/claims.py) or whose advertised
+        checkpoints the ledger does (coordinator/checkpoint_ledger.py), with the reason."""
         self._refusals: tuple[dict[str, str], dict[str, str]] = ({}, {})
         """The refused and the flagged peers last published."""
         self._refusals_published_at = -math.inf
@@ -253,6 +254,7 @@ class Broadcaster:
             if self.ledger.observe(records):
                 self.state = replace(self.state, checkpoints=self.ledger.to_json())
                 self._save_state()
+            self._flagged |= self.ledger.contradicted(records, self.replanner.config.model.n_layers)
             self._keep_above(highest_followed_version(records, plan))
             if self._taking_over is not None:
                 self._take_over(records)

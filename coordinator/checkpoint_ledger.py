@@ -59,6 +59,30 @@ class CheckpointLedger:
             del self.recorded[step]
         return self.recorded != before
 
+    def contradicted(self, records: Mapping[str, PeerRecord], n_layers: int) -> dict[str, str]:
+        """The peers whose advertised checkpoints the ledger shows false, with why, for the coordinator's flags:
+        layers the model does not have, a checkpoint written under a plan we follow that named another saver of
+        those layers (only named savers write one: client/training/trainer.py), or a root other than the one
+        recorded for that step and layer range. What the ledger cannot check (a plan it no longer follows) is
+        not flagged: `vouches` leaves it out of a resume all the same."""
+        found = {}
+        for peer, record in records.items():
+            for info in record.checkpoints:
+                layers, step = (info.layers[0], info.layers[1]), info.step
+                savers, recorded = self._savers.get(info.plan_version), self.recorded.get(step, {}).get(layers)
+                if layers[1] > n_layers:
+                    found[peer] = f"advertises a checkpoint of layers {list(layers)}; the model has {n_layers}"
+                elif savers is not None and savers.get(layers) != peer:
+                    found[peer] = (f"advertises a checkpoint of layers {list(layers)} at step {step} written under "
+                                   f"plan v{info.plan_version}, which named another saver of them")
+                elif recorded is not None and info.root != recorded:
+                    found[peer] = (f"advertises a checkpoint of layers {list(layers)} at step {step} with root "
+                                   f"{str(info.root)[:12]}…, not the {recorded[:12]}… its saver wrote")
+                else:
+                    continue
+                break
+        return found
+
     def vouches(self, info: CheckpointInfo) -> bool:
         """Whether `info` is a checkpoint a named saver wrote; every checkpoint, while nothing is recorded."""
         if not self.recorded:

@@ -17,18 +17,27 @@ A compute time no device could achieve (its stage's FLOPs at more than MAX_TFLOP
 infinitely fast) is not a measurement: it is left out, and the peer is flagged and priced at no more than the
 median claim of the peers in view until it reports times a device can have.
 
-A claim is on probation until its peer's reports confirm it (`min_reports` steps, judged among at least `min_peers`
-members): until then a claim more than `trust_band` times the median claim of the peers in view is priced at that
-median, and flagged. A stranger that claims 10,000 TFLOPS among the first peers of a swarm is therefore planned as
-an ordinary peer, not handed the whole model; an honest peer much faster than the swarm waits for its first few
-steps (and the next reconsideration) to be planned at its speed; claims within the band (the same card, probed a
-little differently) stand.
+A claim is on probation until its peer's neighbours confirm it: until then a claim more than `trust_band` times the
+median claim of the peers in view is priced at that median, and flagged. A stranger that claims 10,000 TFLOPS among
+the first peers of a swarm is therefore planned as an ordinary peer, not handed the whole model; claims within the
+band (the same card, probed a little differently) stand. A peer's own compute times cannot confirm it: a liar
+reports the times its claim implies. Its pipeline neighbours' clocks can. The upstream neighbour times each
+micro-batch from its activations' send to its gradient's return (Progress.round_trip_s), and that interval holds the
+member's forward and backward pass and the whole of the downstream neighbour's window on the micro-batch, from the
+activations' arrival to its gradient's send (Progress.window_s), on the downstream neighbour's own clock. So the
+member computed for at most round_trip(upstream) − window(downstream) per step (the medians of `min_reports`
+steps), and achieves at least its stage's FLOPs in that time: neither figure is the member's to make. A claim is
+confirmed when that floor reaches the swarm's median efficiency (from the members' own reports, which one liar
+cannot move) divided by `trust_band`. A member of a first stage has no upstream neighbour to time it, and stays on
+probation there: a plan that places it elsewhere can confirm it. An honest fast peer waits for its first few steps
+(and the next reconsideration) to be planned at its speed.
 """
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.protocol.limits import MAX_TFLOPS
@@ -38,6 +47,16 @@ __all__ = ["ClaimCheck"]
 
 KEPT_REPORTS = 10
 """Steps of each peer remembered; the median of them is its achieved TFLOPS."""
+
+
+@dataclass
+class _Timings:
+    """A member's last Progress.window_s and round_trip_s under plan `version`."""
+
+    KINDS: ClassVar[tuple[str, str]] = ("window_s", "round_trip_s")
+    version: int
+    window_s: list[float] = field(default_factory=list)
+    round_trip_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -55,9 +74,13 @@ class ClaimCheck:
     _counted: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Peer → (plan version, step) of its last report counted, so that a record read twice counts once."""
     confirmed: frozenset[str] = frozenset()
-    """The peers whose claims the last `judge` found their reports had confirmed (so their price is what they do)."""
+    """The peers whose claims the last `judge` found their neighbours' timings had confirmed (module docstring)."""
     _impossible: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Peer → (its last reported compute time, the least any device needs), when below it (module docstring)."""
+    _timings: dict[str, _Timings] = field(default_factory=dict)
+    """Peer → its last neighbour timings under the plan it follows (module docstring)."""
+    _shown: dict[str, float] = field(default_factory=dict)
+    """Peer → the TFLOPS its neighbours' timings show it achieves at least, as last shown (module docstring)."""
 
     def observe(self, plan: Assignment, progress: Mapping[str, Progress]) -> None:
         """Takes in the members' new step reports under `plan`."""
@@ -71,10 +94,12 @@ class ClaimCheck:
         for signer, record in progress.items():
             role = plan.roles.get(signer)
             if (role is None or signer != record.peer_id or record.assignment_version != plan.version
-                    or record.health != "training" or record.compute_s <= 0
-                    or self._counted.get(signer) == (plan.version, record.step)):
+                    or record.health != "training" or self._counted.get(signer) == (plan.version, record.step)):
                 continue
             self._counted[signer] = (plan.version, record.step)
+            self._note_timings(plan.version, signer, record)
+            if record.compute_s <= 0:
+                continue
             floor_s = float(flops[role.stage]) / (MAX_TFLOPS * 1e12)
             if record.compute_s < floor_s:
                 self._impossible[signer] = (record.compute_s, floor_s)
@@ -83,17 +108,44 @@ class ClaimCheck:
             achieved = self._achieved.setdefault(signer, [])
             achieved.append(float(flops[role.stage]) / record.compute_s / 1e12)
             del achieved[:-KEPT_REPORTS]
+        self._corroborate(plan, flops)
+
+    def _note_timings(self, version: int, peer: str, record: Progress) -> None:
+        timings = self._timings.get(peer)
+        if timings is None or timings.version != version:
+            timings = self._timings[peer] = _Timings(version)
+        for name in _Timings.KINDS:
+            if (value := getattr(record, name)) is not None:
+                kept = getattr(timings, name)
+                kept.append(value)
+                del kept[:-KEPT_REPORTS]
+
+    def _corroborate(self, plan: Assignment, flops) -> None:
+        """The TFLOPS each member's neighbours show it achieves at least (module docstring)."""
+        for chain in plan.pipelines:
+            for stage in range(1, len(chain)):
+                round_trip = self._timed(chain[stage - 1], plan.version, "round_trip_s")
+                window = self._timed(chain[stage + 1], plan.version, "window_s") if stage + 1 < len(chain) else 0.0
+                if round_trip is not None and window is not None and round_trip > window:
+                    self._shown[chain[stage]] = float(flops[stage]) / (round_trip - window) / 1e12
+
+    def _timed(self, peer: str, version: int, kind: str) -> float | None:
+        """The median of `peer`'s last timings of `kind` under plan `version`, once it reported `min_reports`."""
+        timings = self._timings.get(peer)
+        kept = getattr(timings, kind) if timings is not None and timings.version == version else []
+        return statistics.median(kept) if len(kept) >= self.min_reports else None
 
     def judge(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
         """The records with each flagged peer's TFLOPS replaced by what it does (or capped while on probation), and
         why each was flagged."""
         judged, flagged = self._impossibly_fast(records)
         efficiency = self._efficiency(records)
-        self.confirmed = frozenset(efficiency)
+        typical = statistics.median(efficiency.values()) if efficiency else 0.0
+        self.confirmed = frozenset(peer for peer in efficiency if self.trust_band * self._shown.get(peer, 0.0)
+                                   >= typical * records[peer].hardware.tflops)
         self._on_probation(records, self.confirmed, judged, flagged)
         if not efficiency:
             return judged, flagged
-        typical = statistics.median(efficiency.values())
         for peer, own in efficiency.items():
             ratio = own / typical
             if 1 / self.trust_band <= ratio <= self.trust_band:
@@ -131,7 +183,7 @@ class ClaimCheck:
                 continue
             judged[peer] = record.copy(update={"hardware": record.hardware.copy(update={"tflops": median_claim})})
             flagged[peer] = (f"on probation: claims {claimed:.3g} TFLOPS, priced at the median claim "
-                             f"{median_claim:.3g} until its compute reports confirm it")
+                             f"{median_claim:.3g} until its neighbours' timings confirm it")
 
     def _impossibly_fast(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
         """The records with the TFLOPS of each peer whose reports no device could make capped at the median claim,

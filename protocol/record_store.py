@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Collection
 
 import pydantic.v1 as pydantic
@@ -22,7 +23,7 @@ from hetswarm.protocol.keys import (
 )
 from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S, MAX_RECORDS_PER_KEY
 from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
-from hetswarm.protocol.signing import owner_peer_id
+from hetswarm.protocol.signing import TIMESTAMP_FIELDS, owner_peer_id
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,12 @@ def check_ttl(ttl_s: float) -> float:
     return ttl_s
 
 
+def _dated(value: object, stamp: str) -> float:
+    """A stored record's timestamp field, or -inf where it has none (the schema will refuse it)."""
+    date = value.get(stamp) if isinstance(value, dict) else None
+    return float(date) if isinstance(date, (int, float)) else -math.inf
+
+
 def encode_record(record: pydantic.BaseModel) -> dict:
     """The msgpack-ready value of a record, refused here with a clear error if it would be too large to store."""
     value = record.dict()
@@ -64,7 +71,10 @@ class SwarmRecords:
 
     Readers get every valid record by the peer id of its signer (records that fail the schema are skipped and
     logged), at most `max_records` of them per key: anyone can make identities, so beyond that the records of the
-    `prefer`red peers (a plan's members) and then the longest-lived ones are kept. A read or a store that takes
+    `prefer`red peers (a plan's members, the pinned coordinator) and then the most recently dated ones are kept. A
+    record's date is its owner's last refresh (a date ahead of our clock counts as now); its lifetime buys it no
+    place, or one store of many identities with the longest lifetime a node accepts would crowd out, for an hour,
+    every newcomer that refreshes its record as volunteers do. A read or a store that takes
     longer than `timeout_s` raises TimeoutError (hivemind's DHT calls take no deadline of their own), so no loop
     of ours waits forever on a stuck DHT.
     """
@@ -79,14 +89,15 @@ class SwarmRecords:
     async def peers(self) -> dict[PeerId, PeerRecord]:
         return await self.read(PEERS_FIELD)
 
-    async def assignments(self) -> dict[PeerId, Assignment]:
-        return await self.read(ASSIGNMENT_FIELD)
+    async def assignments(self, coordinator: PeerId | None = None) -> dict[PeerId, Assignment]:
+        """Plans by signer; the `coordinator`'s kept among a flood of others' (class docstring)."""
+        return await self.read(ASSIGNMENT_FIELD, prefer=(coordinator,) if coordinator else ())
 
     async def progress(self) -> dict[PeerId, Progress]:
         return await self.read(PROGRESS_FIELD)
 
-    async def refusals(self) -> dict[PeerId, Refusals]:
-        return await self.read(REFUSED_FIELD)
+    async def refusals(self, coordinator: PeerId | None = None) -> dict[PeerId, Refusals]:
+        return await self.read(REFUSED_FIELD, prefer=(coordinator,) if coordinator else ())
 
     async def read(self, field: str, *, prefer: Collection[PeerId] = ()) -> dict[PeerId, pydantic.BaseModel]:
         """Valid records under one of the swarm's keys, by signer (class docstring); TimeoutError past the
@@ -99,9 +110,10 @@ class SwarmRecords:
         signed = [(owner, item) for subkey, item in found.value.items()
                   if isinstance(subkey, bytes) and (owner := owner_peer_id(subkey)) is not None]
         if len(signed) > self.max_records:
-            signed.sort(key=lambda entry: (entry[0] in prefer, entry[1].expiration_time), reverse=True)
+            now, stamp = get_dht_time(), TIMESTAMP_FIELDS[field]
+            signed.sort(key=lambda entry: (entry[0] in prefer, min(_dated(entry[1].value, stamp), now)), reverse=True)
             logger.warning(f"{len(signed)} {field!r} records in the DHT; reading the {self.max_records} of the "
-                           f"plan's peers and the newest, skipping {len(signed) - self.max_records}")
+                           f"preferred peers and the most recently dated, skipping {len(signed) - self.max_records}")
             signed = signed[:self.max_records]
         records = {}
         for owner, item in signed:

@@ -276,6 +276,13 @@ class Progress(_Record):
     tokens_per_s: confloat(strict=True, ge=0.0, le=1e12)
     compute_s: _Seconds
     wait_s: _Seconds
+    window_s: _Seconds | None = None
+    """How long this peer held its upstream neighbour's micro-batches in its last step (client/training/stage_worker.py,
+    StepReport); None on a first stage."""
+    round_trip_s: _Seconds | None = None
+    """How long its micro-batches took to come back from its downstream neighbour in its last step; None on a last
+    stage. With the window, the coordinator bounds a member's compute by what its neighbours measured
+    (coordinator/claims.py)."""
     retries: _Step = 0
     """Aborted attempts of this peer's stage worker so far (all-or-nothing steps retry under new attempts)."""
     resyncs: _Step = 0

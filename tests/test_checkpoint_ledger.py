@@ -87,3 +87,20 @@ def test_a_saved_checkpoint_advertises_the_root_of_its_units_digests(tmp_path):
     meta_path = next(tmp_path.glob("ledgertest/*.json"))
     meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"root": "forged"}))
     assert checkpoints.infos() == []  # an unreadable checkpoint is skipped, not advertised
+
+
+def test_checkpoints_the_ledger_shows_false_are_flagged_with_their_advertiser():
+    ledger = ledger_of({A: [(8, (0, 2), root(1))], B: [(8, (2, 4), root(2))]})
+    under_v3 = peers({
+        A: [(8, (0, 2), root(1)), (12, (0, 2), root(3))],  # its own, recorded or not yet
+        B: [(8, (2, 4), root(2))],
+        C: [(8, (0, 4096), root(1))],  # layers the model does not have
+        D: [(12, (2, 4), root(4))],  # plan v3 named B the saver of layers 2-4
+    })
+    under_v2 = peers({FORGER: [(8, (0, 2), root(5))],  # a plan no longer followed, and not the recorded root
+                      IDS[5]: [(8, (2, 4), root(2))]}, version=2)  # the recorded root: nothing to hold against it
+    flagged = ledger.contradicted(under_v3 | under_v2, TINY.n_layers)
+    assert set(flagged) == {C, D, FORGER}, flagged
+    assert "layers [0, 4096]; the model has 4" in flagged[C]
+    assert "at step 12 written under plan v3, which named another saver of them" in flagged[D]
+    assert f"with root {root(5)[:12]}…, not the {root(1)[:12]}… its saver wrote" in flagged[FORGER]

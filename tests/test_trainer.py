@@ -87,6 +87,7 @@ def run(tmp_path_factory, request) -> dict:
             announce(2, switch_step)
             collect(coordinator, seen, reached(2, MAX_STEPS - 1, ids), timeout_s=120)
             return {"seen": seen, "ids": ids, "last_stage": {chain[-1] for chain in pipelines},
+                    "first_stage": {chain[0] for chain in pipelines},
                     "switch_step": switch_step, "logs": {name: swarm.peers[i + 1].output() for i, name in enumerate(names)}}
         finally:
             coordinator.shutdown()
@@ -112,6 +113,10 @@ def test_only_the_last_stage_reports_a_loss_and_every_step_record_has_timings(ru
     for peer, record in trained:  # (a peer still on v1 while its group switched reports `retrying`, with no timings)
         assert (record.loss is not None) == (peer in run["last_stage"]), record
         assert record.tokens_per_s > 0 and record.compute_s > 0 and record.wait_s >= 0, record
+        # what its neighbours' claims are checked by (coordinator/claims.py): none where it has no such neighbour
+        assert (record.window_s is None) == (peer in run["first_stage"]), record
+        assert (record.round_trip_s is None) == (peer in run["last_stage"]), record
+        assert all(timing is None or timing > 0 for timing in (record.window_s, record.round_trip_s)), record
 
 
 def test_a_new_version_keeps_the_weights(run):

@@ -194,7 +194,7 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
 
         async def read_snapshot() -> dict:
             try:
-                return (await SwarmSnapshot.read(records)).to_json(coordinator)
+                return (await SwarmSnapshot.read(records, coordinator)).to_json(coordinator)
             except TimeoutError:
                 raise HetswarmError(f"the swarm's records could not be read within {records.timeout_s:.0f} s; "
                                     "check --initial-peers and that those peers are up") from None
@@ -237,7 +237,7 @@ def fetch_live_model(node_config: NodeConfig, coordinator: str, *, timeout_s: fl
 
     async def fetch() -> tuple[ModelConfig, StageState]:
         records, deadline = SwarmRecords(dht, node_config.swarm), asyncio.get_running_loop().time() + settle_s
-        while (plan := (await records.assignments()).get(coordinator)) is None:
+        while (plan := (await records.assignments(coordinator)).get(coordinator)) is None:
             if asyncio.get_running_loop().time() > deadline:  # a fresh node may not find the record at once
                 raise HetswarmError(f"no plan of coordinator {coordinator} in swarm {node_config.swarm!r}; check "
                                     "--initial-peers, --swarm and --coordinator")

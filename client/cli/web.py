@@ -147,7 +147,7 @@ class WebMonitor:
     async def refresh(self) -> None:
         """One read of the swarm; on a timeout or a failed read the last state stays, with the reason beside it."""
         try:
-            snapshot = await SwarmSnapshot.read(self.records)  # each key under SwarmRecords' deadline
+            snapshot = await SwarmSnapshot.read(self.records, self.coordinator)  # each under SwarmRecords' deadline
             state = snapshot.to_json(self.coordinator)
         except TimeoutError:
             self.failed_reads += 1

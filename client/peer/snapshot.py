@@ -43,11 +43,13 @@ class SwarmSnapshot:
     """Each coordinator's list of the peers it does not plan, and why."""
 
     @classmethod
-    async def read(cls, records: SwarmRecords) -> SwarmSnapshot:
-        """Reads the swarm's keys (each under the reader's deadline: TimeoutError past it)."""
+    async def read(cls, records: SwarmRecords, coordinator: PeerId | None = None) -> SwarmSnapshot:
+        """Reads the swarm's keys (each under the reader's deadline: TimeoutError past it), the pinned
+        `coordinator`'s records kept among a flood of others' (SwarmRecords)."""
         read_at = get_dht_time()
-        return cls(swarm=records.swarm, peers=await records.peers(), assignments=await records.assignments(),
-                   progress=await records.progress(), read_at=read_at, refusals=await records.refusals())
+        return cls(swarm=records.swarm, peers=await records.peers(),
+                   assignments=await records.assignments(coordinator), progress=await records.progress(),
+                   read_at=read_at, refusals=await records.refusals(coordinator))
 
     def assignment(self, coordinator: PeerId | None = None) -> Assignment | None:
         """The pinned coordinator's assignment, or else the newest version anyone published; one no client would

@@ -194,7 +194,7 @@ class Volunteer:
         """Polls the assignment key; a newly accepted plan is published in our record and handed to the hook."""
         while True:
             try:
-                entries = await self.node.records.assignments()
+                entries = await self.node.records.assignments(self.follower.coordinator_id)
             except TimeoutError:
                 logger.debug("Reading the assignment key timed out")
                 entries = {}

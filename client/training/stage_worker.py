@@ -167,6 +167,12 @@ class StepReport:
     """Steps this worker applied ahead of the plan's decision and put back when the plan aborted them, so far."""
     held_out_loss: float | None = None
     """The pipeline's mean loss on the held-out set after this step, when the plan evaluated it (last stage only)."""
+    window_s: float | None = None
+    """How long this stage held its upstream neighbour's micro-batches, summed (None on the first stage): what the
+    upstream neighbour's round trip contains besides this stage's compute (coordinator/claims.py)."""
+    round_trip_s: float | None = None
+    """From each activation sent downstream to its gradient's return, summed (None on the last stage): a bound on
+    the downstream neighbour's compute that this peer, not that neighbour, measured (coordinator/claims.py)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -181,6 +187,18 @@ class _Clock:
     compute_s: float = 0.0
     wait_s: float = 0.0
     timeline: list[tuple[str, float]] = field(default_factory=list)
+    window_s: float = 0.0
+    """Summed over the attempt's micro-batches: from an activation's arrival to its gradient's send upstream."""
+    round_trip_s: float = 0.0
+    """Summed over the attempt's micro-batches: from an activation's send downstream to its gradient's arrival."""
+    arrived: dict[int, float] = field(default_factory=dict)
+    sent: dict[int, float] = field(default_factory=dict)
+
+    def new_attempt(self) -> None:
+        """Neighbour timings count the committed attempt only."""
+        self.window_s = self.round_trip_s = 0.0
+        self.arrived.clear()
+        self.sent.clear()
 
 
 _CLOCK: contextvars.ContextVar[_Clock] = contextvars.ContextVar("hetswarm_step_clock")
@@ -275,6 +293,7 @@ class StageWorker:
                 clock.started = min(clock.started, precomputed.clock.started)
                 clock.compute_s += precomputed.clock.compute_s
                 clock.timeline += [(f"ahead {event}", at) for event, at in precomputed.clock.timeline]
+            clock.new_attempt()
             loss = await self._try(step, attempt, precomputed, ahead=ahead)
             self._attempt = (step, attempt + 1)
             if loss is not False:
@@ -294,7 +313,9 @@ class StageWorker:
                             wall_s=time.perf_counter() - clock.started,
                             tokens=self.micro_batches * self.micro_batch_size * self.model_config.seq_len,
                             attempt=attempt, retries=self.retries, resyncs=self.resyncs,
-                            computed_ahead=computed_ahead, rollbacks=self.rollbacks)
+                            computed_ahead=computed_ahead, rollbacks=self.rollbacks,
+                            window_s=None if self.module.is_first else clock.window_s,
+                            round_trip_s=None if self.module.is_last else clock.round_trip_s)
         if self.eval_every and (step + 1) % self.eval_every == 0:
             report = replace(report, held_out_loss=await self._held_out_loss(step, attempt))
         return report
@@ -497,10 +518,13 @@ class StageWorker:
             self._mark(f"a{m}")
             x = received.to(self.device, torch.float32)  # (B, T, C)
             if training:
+                _CLOCK.get().arrived[m] = time.perf_counter()
                 x = x.detach().requires_grad_()  # not the copy
         out = await self._computing(self._module_forward if training else self._forward_only, x, targets,
                                     flops=self.forward_flops)
         if not self.module.is_last:
+            if training:
+                _CLOCK.get().sent[m] = time.perf_counter()
             sends.create_task(self.streams.send(kind, out, step=step, micro_batch=m, attempt=attempt))
         return out, x
 
@@ -540,8 +564,12 @@ class StageWorker:
         else:
             grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m, attempt=attempt))
             self._mark(f"g{m}")
+            clock = _CLOCK.get()
+            clock.round_trip_s += time.perf_counter() - clock.sent.pop(m)
             await self._computing(output.backward, grad.to(self.device, output.dtype), flops=self._backward_flops)
         if not self.module.is_first:
+            clock = _CLOCK.get()
+            clock.window_s += time.perf_counter() - clock.arrived.pop(m)
             sends.create_task(self.streams.send("gradients", x.grad, step=step, micro_batch=m, attempt=attempt))
 
     @property

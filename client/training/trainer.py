@@ -375,7 +375,8 @@ class Trainer:
                     peer_id=self.node.peer_id, assignment_version=assignment.version, step=report.step, loss=published,
                     recent_losses=[loss for _, loss in self._recent_losses],
                     **self._held_out_fields(), tokens_per_s=report.tokens_per_s, compute_s=report.compute_s,
-                    wait_s=report.wait_s, retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
+                    wait_s=report.wait_s, window_s=report.window_s, round_trip_s=report.round_trip_s,
+                    retries=report.retries, resyncs=report.resyncs, **self._origin_fields(),
                     aborted=worker.board.aborted(report.step), updated_at=get_dht_time()))
             loss = "" if report.loss is None else f"loss {report.loss:.6f}, "
             if report.held_out_loss is not None:

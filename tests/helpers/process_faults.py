@@ -9,10 +9,17 @@ runs, and `install` reads the faults it is asked for from the process's environm
 ``HETSWARM_TEST_CORRUPT_AFTER_STEP`` (tests/test_loss_rollback.py)
     a step: this replica's weights are scrambled right after it commits that step (once), as silent data corruption
     on a volunteer's GPU would.
+``HETSWARM_TEST_COMPUTE_SCALE`` (tests/test_hostile_swarm.py)
+    a factor: every compute time this peer's Progress records report is its own times that factor, as a peer that
+    claims more TFLOPS than it has would report to match its claim.
+``HETSWARM_TEST_FORGED_CHECKPOINTS`` (tests/test_loss_rollback.py)
+    ``STEP:N_LAYERS``: this peer's record advertises, under the plan it follows, a complete checkpoint of the model's
+    N_LAYERS at STEP and one of layers [0, MAX_LAYERS) at STEP, neither of which it wrote (their root is made up).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 
@@ -22,16 +29,18 @@ from hetswarm.client.cli import TEST_PLUGIN_ENV
 from hetswarm.client.peer.volunteer import Volunteer
 from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.client.training.trainer import Trainer, _ProgressPublisher
-from hetswarm.protocol.limits import MAX_STEP, MAX_UNREACHABLE_PER_RECORD
-from hetswarm.protocol.records import PeerRecord, Progress
+from hetswarm.protocol.limits import MAX_CHECKPOINTS_PER_RECORD, MAX_LAYERS, MAX_STEP, MAX_UNREACHABLE_PER_RECORD
+from hetswarm.protocol.records import CheckpointInfo, PeerRecord, Progress
 
-__all__ = ["PLUGIN", "corrupt_after_step_env", "hostile_votes_env", "install"]
+__all__ = ["PLUGIN", "compute_scale_env", "corrupt_after_step_env", "forged_checkpoints_env", "hostile_votes_env",
+           "install"]
 
 logger = logging.getLogger(__name__)
 
 PLUGIN = {TEST_PLUGIN_ENV: f"{__name__}:install"}
 """What a test adds to a client's environment for `install` to run in it."""
 _HOSTILE_VOTES, _CORRUPT_AFTER_STEP = "HETSWARM_TEST_HOSTILE_VOTES", "HETSWARM_TEST_CORRUPT_AFTER_STEP"
+_FORGED_CHECKPOINTS, _COMPUTE_SCALE = "HETSWARM_TEST_FORGED_CHECKPOINTS", "HETSWARM_TEST_COMPUTE_SCALE"
 _SPIKE = 1e5
 """The loss a hostile member reports: 10⁴ times the tiny model's."""
 
@@ -46,11 +55,26 @@ def corrupt_after_step_env(step: int) -> dict[str, str]:
     return PLUGIN | {_CORRUPT_AFTER_STEP: str(step)}
 
 
+def forged_checkpoints_env(step: int, n_layers: int) -> dict[str, str]:
+    """A client's environment for a peer that advertises checkpoints of `step` it never wrote."""
+    return PLUGIN | {_FORGED_CHECKPOINTS: f"{step}:{n_layers}"}
+
+
+def compute_scale_env(scale: float) -> dict[str, str]:
+    """A client's environment for a peer that reports its compute times `scale` times what they are."""
+    return PLUGIN | {_COMPUTE_SCALE: str(scale)}
+
+
 def install() -> None:
     if (switch := os.environ.get(_HOSTILE_VOTES)) is not None:
         _vote_hostile_while(switch)
     if (step := os.environ.get(_CORRUPT_AFTER_STEP)) is not None:
         _corrupt_after(int(step))
+    if (scale := os.environ.get(_COMPUTE_SCALE)) is not None:
+        _report_compute_scaled(float(scale))
+    if (forged := os.environ.get(_FORGED_CHECKPOINTS)) is not None:
+        step, n_layers = (int(part) for part in forged.split(":"))
+        _advertise_forged_checkpoints(step, n_layers)
 
 
 def _vote_hostile_while(switch: str) -> None:
@@ -97,3 +121,28 @@ def _corrupt_after(corrupt_step: int) -> None:
         await keep_state(self, worker, assignment, step)
 
     Trainer._keep_state = corrupting
+
+
+def _advertise_forged_checkpoints(step: int, n_layers: int) -> None:
+    record, made_up = Volunteer.record, hashlib.sha256(b"forged").hexdigest()
+
+    @functools.wraps(record)
+    def forging(self: Volunteer) -> PeerRecord:
+        ours = record(self)
+        if ours.assignment_version is None:
+            return ours
+        forged = [CheckpointInfo(step=step, layers=[0, end], plan_version=ours.assignment_version, root=made_up)
+                  for end in (n_layers, MAX_LAYERS)]
+        return ours.copy(update={"checkpoints": (forged + ours.checkpoints)[:MAX_CHECKPOINTS_PER_RECORD]})
+
+    Volunteer.record = forging
+
+
+def _report_compute_scaled(scale: float) -> None:
+    submit = _ProgressPublisher.submit
+
+    @functools.wraps(submit)
+    def scaled(self: _ProgressPublisher, progress: Progress) -> None:
+        submit(self, progress.copy(update={"compute_s": progress.compute_s * scale}))
+
+    _ProgressPublisher.submit = scaled
