@@ -78,7 +78,7 @@ def test_the_paper_objective_on_hardware_is_still_priced_live_and_live_needs_har
 
 def test_dp_auto_runs_fewer_faster_pipelines_when_slow_devices_would_hold_every_stage_back():
     result = runner.invoke(app, ["schedule", "--scenario", "mixed-datacenter", "--dp", "auto", "--json",
-                                 "--no-baselines"])
+                                 "--no-baselines", "--time-budget", "2"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     chosen, everyone = report["chosen_shape"], report["objectives"]["live"]
@@ -95,7 +95,7 @@ def test_pp_auto_also_chooses_the_stages_and_fewer_carry_less_over_slow_regional
     """On mixed-regional every 8-stage pipeline waits on its hops inside a region (2 Gbit/s); fewer stages carry
     fewer activations. The shape chosen is the fastest tried, and every stage count is tried or said untried."""
     result = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--dp", "auto", "--pp", "auto", "--json",
-                                 "--no-baselines"])
+                                 "--no-baselines", "--time-budget", "2"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     chosen, eight_by_eight = report["chosen_shape"], report["objectives"]["live"]
