@@ -13,6 +13,7 @@
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
  * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who); stream messages
                             capped at the transport
+ * hivemind_compat.py     - a repair of hivemind's p2pd client: an answer to a cancelled call no longer stops it
 
 The package imports none of them: a command that needs only a light one (`hetswarm schedule` reads options that
 name addresses) does not start hivemind or torch.

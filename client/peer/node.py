@@ -21,6 +21,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import ANY_HOST, check_maddrs
 from hetswarm.client.peer.emulation import EmulatedP2P, LinkShaper, SiteLinks
+from hetswarm.client.peer.hivemind_compat import settle_late_answers
 from hetswarm.client.peer.peer_gate import bound_stream_messages
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.identity import load_identity, peer_id_of
@@ -164,7 +165,10 @@ def end_processes(processes: list[psutil.Process], grace_s: float = 1.0) -> None
 def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
     """Starts the DHT process; call before any thread, CUDA or heavy torch work (it forks: docs/hivemind.md).
 
-    The process (and its p2pd) ends when ours does, even when ours is SIGKILLed (OwnedDHT)."""
+    The process (and its p2pd) ends when ours does, even when ours is SIGKILLed (OwnedDHT). Both processes' p2pd
+    clients, and every one this process makes later, leave an answer to a cancelled call alone
+    (client/peer/hivemind_compat.py)."""
+    settle_late_answers()
     dht = OwnedDHT(
         initial_peers=list(config.initial_peers),
         host_maddrs=list(config.host_maddrs),

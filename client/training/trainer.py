@@ -317,9 +317,8 @@ class Trainer:
         row are reported unreachable at once (and again whenever that set changes).
 
         A ping is never cancelled: one still in flight at the next heartbeat just counts as late, and no second one
-        is sent to that peer. (hivemind 1.1.12's control client can lose its connection to p2pd when a unary call it
-        is answering was cancelled by a timeout a moment before: `_read_from_persistent_conn` then sets a result on
-        a cancelled future and dies, and every later call on that daemon hangs.)"""
+        is sent to that peer. (hivemind 1.1.12's control client stopped reading p2pd's answers when one came for a
+        call just cancelled; client/peer/hivemind_compat.py repairs that.)"""
         peers = sorted(_talks_to(assignment, assignment.roles[self.node.peer_id], self.node.peer_id))
         misses, reported = dict.fromkeys(peers, 0), set()
         in_flight: dict[str, asyncio.Task] = {}
