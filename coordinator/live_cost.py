@@ -62,6 +62,7 @@ prices cuts by indexing.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -213,16 +214,27 @@ class StageCosts:
         self.dp_bytes = table(lambda count, **where: model.dp_payload_bytes_of(
             count, bytes_per_value=dp_bytes_per_value, **where))
         self.micro_batches = micro_batches
+        for kept in (self.memory_bytes, self.flops, self.dp_bytes):
+            kept.flags.writeable = False  # shared by every caller of `of`
 
     @classmethod
     def of(cls, model: ModelConfig, execution: Execution, *, d_dp: int,
            dp_bytes_per_value: float | None = None) -> StageCosts:
-        return cls(model, d_pp=len(execution.layer_counts), d_dp=d_dp, micro_batches=execution.micro_batches,
-                   recompute=execution.recompute, schedule=execution.schedule, dp_bytes_per_value=dp_bytes_per_value)
+        """The tables for a model run the way `execution` says, built once per such way: pricing a plan
+        (`predict_step_s`) asks for them twice, and a brute-force check of the search prices thousands of plans."""
+        return _stage_costs(model, len(execution.layer_counts), d_dp, execution.micro_batches, execution.recompute,
+                            execution.schedule, dp_bytes_per_value)
 
     def at(self, table: np.ndarray, layer_counts: tuple[int, ...]) -> np.ndarray:
         """(d_pp,) the entries of `table` for a cut."""
         return table[np.arange(len(layer_counts)), list(layer_counts)]
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_costs(model: ModelConfig, d_pp: int, d_dp: int, micro_batches: int, recompute: bool,
+                 schedule: PipelineSchedule, dp_bytes_per_value: float | None) -> StageCosts:
+    return StageCosts(model, d_pp=d_pp, d_dp=d_dp, micro_batches=micro_batches, recompute=recompute,
+                      schedule=schedule, dp_bytes_per_value=dp_bytes_per_value)
 
 
 def stage_memory_bytes(model: ModelConfig, *, d_pp: int, d_dp: int, execution: Execution | None = None
