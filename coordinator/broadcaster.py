@@ -366,7 +366,8 @@ class Broadcaster:
     async def _announce(self, proposal: Proposal, reason: str, *, version: int, origin: StatePlan | None = None
                         ) -> None:
         """Publishes `proposal` as the next version, from the state `plan_state` finds (or `origin`)."""
-        progress = await self._read(PROGRESS_FIELD) or {}
+        in_force = self.state.assignment
+        progress = await self._read(PROGRESS_FIELD, prefer=in_force.roles if in_force is not None else ()) or {}
         alive = proposal.peers  # in view and not reported unreachable
         origin = origin or plan_state(
             previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
@@ -416,7 +417,7 @@ class Broadcaster:
         Progress records have expired (a restart included: the step is in the state file)."""
         if self.state.assignment is None:
             return
-        progress = await self._read(PROGRESS_FIELD)
+        progress = await self._read(PROGRESS_FIELD, prefer=self.state.assignment.roles)
         if progress is None:
             return
         self.claims.observe(self.state.assignment, progress)

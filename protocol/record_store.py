@@ -86,8 +86,8 @@ class SwarmRecords:
         self.dht, self.swarm, self.private_key, self.timeout_s = dht, check_swarm_name(swarm), private_key, timeout_s
         self.max_records = max_records
 
-    async def peers(self) -> dict[PeerId, PeerRecord]:
-        return await self.read(PEERS_FIELD)
+    async def peers(self, prefer: Collection[PeerId] = ()) -> dict[PeerId, PeerRecord]:
+        return await self.read(PEERS_FIELD, prefer=prefer)
 
     async def assignments(self, coordinator: PeerId | None = None) -> dict[PeerId, Assignment]:
         """Plans by signer; the `coordinator`'s kept among a flood of others' (class docstring)."""

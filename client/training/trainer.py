@@ -296,7 +296,7 @@ class Trainer:
         deadline = asyncio.get_running_loop().time() + self.config.peer_wait_s
         while talks_to and self.config.peer_wait_s > 0 and asyncio.get_running_loop().time() < deadline:
             try:
-                records = await self.node.records.peers()
+                records = await self.node.records.peers(prefer=talks_to)
             except TimeoutError:
                 continue
             talks_to = {p for p in talks_to
