@@ -70,7 +70,7 @@ def rolled_back(tmp_path_factory, golden_swarm) -> dict:
 
             wait_until(f"every member past step {STEPS - 1} after the rollback", done, 240)
             found["rollback"], found["final"] = rollback, plan()
-            found["flagged"] = asyncio.run(records.refusals())[swarm.coordinator_id].flagged
+            found["flagged"] = asyncio.run(records.refusals(swarm.coordinator_id))[swarm.coordinator_id].flagged
         finally:
             observer.shutdown()
         found["losses"] = logged_losses(tmp.glob("peer*.log"), last_only=True)
