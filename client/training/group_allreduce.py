@@ -54,7 +54,7 @@ from hivemind.averaging.partition import (
 from hivemind.compression import CompressionBase, CompressionInfo
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2, runtime_pb2
-from hivemind.utils.asyncio import achain, aenumerate, aiter_with_timeout, as_aiter
+from hivemind.utils.asyncio import achain, aiter_with_timeout, as_aiter
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.training.error_feedback import ErrorFeedback, Round
@@ -604,7 +604,7 @@ class StageGroup:
         )
         round_ = await self.router.register(runner)
         try:
-            await self._complete_round(runner, round_, copies, step)
+            averages = await self._complete_round(runner, round_, step)
             await self._audit(runner, step)
         finally:
             runner.cancel_checks()
@@ -612,20 +612,24 @@ class StageGroup:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
             self.feedback.complete((step, attempt))
-        for tensor, averaged in zip(tensors, copies):
+        for tensor, averaged in zip(tensors, averages):
             tensor.copy_(averaged)
 
-    async def _complete_round(self, runner: ExactAllReduceRunner, round_: _Round, copies: list[torch.Tensor],
-                              step: int) -> None:
-        """Runs the round, writing the reducers' averages into `copies`.
+    async def _complete_round(self, runner: ExactAllReduceRunner, round_: _Round, step: int) -> list[torch.Tensor]:
+        """Runs the round; returns the reducers' averages, one per tensor, bit-identical on every member. They are
+        kept apart from the round's own tensors, whose parts are views of them: once a reducer failed us, its
+        remaining parts count as our own and the tensors they belong to are complete early, while our streams may
+        still be serializing those parts; written over, they would no longer be the parts our signed statements
+        list, and a reducer would name us for them.
 
         Raises:
             PartialAllReduce: the round broke, or some values were not averaged.
         """
+        averages: list[torch.Tensor] = []
         try:
             async with asyncio.timeout(2 * self.reducer_timeout_s):
-                async for index, averaged in aenumerate(runner):
-                    copies[index].copy_(averaged)  # the reducers' averages, bit-identical on every member
+                async for averaged in runner:
+                    averages.append(averaged)
         except Exception as e:  # a broken round, or TimeoutError: either way the average is incomplete
             raise PartialAllReduce(f"all-reduce of step {step} failed: {e!r}",
                                    cause=next(iter([*runner.bad_reducers, *runner.reducer_failures]), None)) from e
@@ -640,6 +644,7 @@ class StageGroup:
                 f"all-reduce of step {step} is partial: {failed_values} of {total} values were not averaged"
                 f"{', members left out: ' + ', '.join(map(str, banned)) if banned else ''}{failures}",
                 cause=next(iter([*runner.bad_reducers, *banned, *runner.reducer_failures]), None))
+        return averages
 
     @staticmethod
     async def _audit(runner: ExactAllReduceRunner, step: int) -> None:
