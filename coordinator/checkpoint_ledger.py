@@ -67,21 +67,24 @@ class CheckpointLedger:
         not flagged: `vouches` leaves it out of a resume all the same."""
         found = {}
         for peer, record in records.items():
-            for info in record.checkpoints:
-                layers, step = (info.layers[0], info.layers[1]), info.step
-                savers, recorded = self._savers.get(info.plan_version), self.recorded.get(step, {}).get(layers)
-                if layers[1] > n_layers:
-                    found[peer] = f"advertises a checkpoint of layers {list(layers)}; the model has {n_layers}"
-                elif savers is not None and savers.get(layers) != peer:
-                    found[peer] = (f"advertises a checkpoint of layers {list(layers)} at step {step} written under "
-                                   f"plan v{info.plan_version}, which named another saver of them")
-                elif recorded is not None and info.root != recorded:
-                    found[peer] = (f"advertises a checkpoint of layers {list(layers)} at step {step} with root "
-                                   f"{str(info.root)[:12]}…, not the {recorded[:12]}… its saver wrote")
-                else:
-                    continue
-                break
+            if why := next(filter(None, (self._contradiction(peer, info, n_layers) for info in record.checkpoints)),
+                           None):
+                found[peer] = why
         return found
+
+    def _contradiction(self, peer: str, info: CheckpointInfo, n_layers: int) -> str | None:
+        """What the ledger holds against `peer`'s advertised checkpoint `info` (`contradicted`), or None."""
+        layers, step = (info.layers[0], info.layers[1]), info.step
+        savers, recorded = self._savers.get(info.plan_version), self.recorded.get(step, {}).get(layers)
+        if layers[1] > n_layers:
+            return f"advertises a checkpoint of layers {list(layers)}; the model has {n_layers}"
+        if savers is not None and savers.get(layers) != peer:
+            return (f"advertises a checkpoint of layers {list(layers)} at step {step} written under "
+                    f"plan v{info.plan_version}, which named another saver of them")
+        if recorded is not None and info.root != recorded:
+            return (f"advertises a checkpoint of layers {list(layers)} at step {step} with root "
+                    f"{str(info.root)[:12]}…, not the {recorded[:12]}… its saver wrote")
+        return None
 
     def vouches(self, info: CheckpointInfo) -> bool:
         """Whether `info` is a checkpoint a named saver wrote; every checkpoint, while nothing is recorded."""

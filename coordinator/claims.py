@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.protocol.limits import MAX_TFLOPS
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
@@ -120,7 +122,7 @@ class ClaimCheck:
                 kept.append(value)
                 del kept[:-KEPT_REPORTS]
 
-    def _corroborate(self, plan: Assignment, flops) -> None:
+    def _corroborate(self, plan: Assignment, flops: np.ndarray) -> None:
         """The TFLOPS each member's neighbours show it achieves at least (module docstring)."""
         for chain in plan.pipelines:
             for stage in range(1, len(chain)):

@@ -559,16 +559,15 @@ class StageWorker:
     async def _backward(self, step: int, attempt: int, m: int, output: torch.Tensor, x: torch.Tensor,
                         sends: asyncio.TaskGroup) -> None:
         """Micro-batch m's backward pass, the gradient of its input sent back."""
+        clock = _CLOCK.get()
         if self.module.is_last:
             await self._computing(output.backward, flops=self._backward_flops)
         else:
             grad = await self._waiting(self.streams.receive("gradients", step=step, micro_batch=m, attempt=attempt))
             self._mark(f"g{m}")
-            clock = _CLOCK.get()
             clock.round_trip_s += time.perf_counter() - clock.sent.pop(m)
             await self._computing(output.backward, grad.to(self.device, output.dtype), flops=self._backward_flops)
         if not self.module.is_first:
-            clock = _CLOCK.get()
             clock.window_s += time.perf_counter() - clock.arrived.pop(m)
             sends.create_task(self.streams.send("gradients", x.grad, step=step, micro_batch=m, attempt=attempt))
 
