@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.helpers
 from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-from hetswarm.protocol.identity import load_identity  # noqa: E402
+from hetswarm.client.peer.hivemind_compat import load_identity  # noqa: E402
 from hetswarm.protocol.vote_signing import forgery, signed_vote  # noqa: E402
 from tests.helpers.golden_runs import TINY_FP32  # noqa: E402
 from tests.helpers.tiny_training import SEED, train_swarm  # noqa: E402

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.helpers
 from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-from hetswarm.protocol.identity import load_identity  # noqa: E402
+from hetswarm.client.peer.hivemind_compat import load_identity  # noqa: E402
 from tests.helpers.fuzzing import targets  # noqa: E402
 
 

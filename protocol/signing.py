@@ -7,6 +7,7 @@ payload, and the schema check (priority 0) parses it last, with the physical bou
 from __future__ import annotations
 
 import logging
+import re
 
 import pydantic.v1 as pydantic
 from hivemind.dht.crypto import RSASignatureValidator
@@ -42,9 +43,12 @@ class SwarmSchema(pydantic.BaseModel):
     refused: dict[BytesWithPublicKey, Refusals]
 
 
+_OWNER_MARKER = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
+
+
 def owner_peer_id(subkey: bytes) -> str | None:
     """The peer id whose key is in a subkey's `[owner:...]` marker, or None if there is not exactly one."""
-    keys = set(RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey))
+    keys = set(_OWNER_MARKER.findall(subkey))
     if len(keys) != 1:
         return None
     try:

@@ -11,12 +11,12 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from hetswarm.client.peer.assignment_follower import AssignmentFollower, check_coordinator_id
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.broadcaster import build_assignment
 from hetswarm.coordinator.planner import PlannerConfig, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError, RecordTooLarge
-from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_BYTES
 from hetswarm.protocol.model_config import get_model_config

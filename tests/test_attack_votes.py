@@ -29,10 +29,11 @@ import torch
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import units_of_layers
 from hetswarm.coordinator.failure_votes import judge_aborts
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, Progress

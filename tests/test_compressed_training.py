@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetswarm.protocol.identity import load_identity
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import states

@@ -24,6 +24,7 @@ from hetswarm.client.cli import app
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
@@ -35,7 +36,7 @@ from hetswarm.coordinator.run_state import (
 )
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.limits import MAX_STEP
 from hetswarm.protocol.model_config import get_model_config

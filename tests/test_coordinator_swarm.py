@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from hetswarm.client.cli import app
 from hetswarm.client.cli.render import render
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.client.peer.hivemind_compat import load_identity
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
 from hetswarm.protocol.record_store import SwarmRecords, encode_record, owner_subkey
 from tests.helpers.dht_nodes import start_node

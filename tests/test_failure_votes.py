@@ -9,9 +9,10 @@ import pytest
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.failure_votes import MIN_ABORTS, implicated, judge_aborts, named_causes
 from hetswarm.coordinator.reports import REACHED_NOBODY
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import commit_namespace, short_id
 from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.record_store import encode_record

@@ -7,7 +7,7 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 from hypothesis import HealthCheck, given, settings
 
-from hetswarm.protocol.identity import load_identity
+from hetswarm.client.peer.hivemind_compat import load_identity
 from tests.helpers.fuzzing import (
     check_evidence,
     check_frame,

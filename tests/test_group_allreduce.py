@@ -199,8 +199,8 @@ def test_averages_lost_on_the_way_back_are_asked_for_again_and_the_round_equals_
     lossy: list = []  # (reducer, member whose averages it loses)
 
     class Lossy(group_allreduce.ExactAllReduceRunner):
-        async def _accumulate_parts_streaming(self, stream, sender_index):
-            answers = super()._accumulate_parts_streaming(stream, sender_index)
+        async def reduce_sender_parts(self, stream, sender_index):
+            answers = super().reduce_sender_parts(stream, sender_index)
             if (self.peer_id, self.sender_peer_ids[sender_index]) not in lossy:
                 async for answer in answers:
                     yield answer

@@ -18,11 +18,12 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.broadcaster import build_assignment, troubles
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords

@@ -1,5 +1,5 @@
 """An answer from p2pd to a call whose caller was just cancelled leaves hivemind's control client working once
-hetswarm's repair is installed, and ends its reading task without it (client/peer/hivemind_compat.py).
+hetswarm's repair is installed, and ends its reading task without it (client/peer/hivemind_compat/control.py).
 
 The race is played deterministically on the client's real reading loop, fed by hand: the daemon's answer is in the
 reader's buffer when the caller is cancelled, so the loop reads it before the caller drops its call.
@@ -7,6 +7,8 @@ reader's buffer when the caller is cancelled, so the loop reads it before the ca
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 from hivemind.p2p import PeerID
@@ -76,3 +78,14 @@ def test_an_answer_to_a_cancelled_call_is_dropped_and_later_calls_are_answered(r
         assert alive and got == b"on time"
     else:  # the bug the repair is for: the reading task is gone, and the next call is never answered
         assert not alive and got is None
+
+
+@pytest.mark.swarm
+def test_another_hivemind_release_is_refused_at_import_naming_the_room():
+    """The room was read against one hivemind release: under another, importing it fails and says where to look."""
+    probe = ("import hivemind; hivemind.__version__ = '1.2.0'\n"
+             "try:\n    import hetswarm.client.peer.hivemind_compat\nexcept ImportError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert "needs hivemind 1.1.12, found 1.2.0" in done.stdout and "client/peer/hivemind_compat/" in done.stdout

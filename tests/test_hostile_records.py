@@ -11,12 +11,13 @@ import sys
 import pytest
 from hivemind.utils import get_dht_time
 
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.admission import Admission, load_allow_list
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig, Replanner
 from hetswarm.coordinator.run_state import highest_followed_version
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.join_tokens import issue_token, token_is_valid
 from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_RECORD_TTL_S, MAX_STEP

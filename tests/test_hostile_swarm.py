@@ -25,8 +25,9 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.hardware import compute_dtype, device_name, probe_hardware
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeServicer, _stream_time
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.join_tokens import issue_token
 from hetswarm.protocol.keys import PEERS_FIELD, PROGRESS_FIELD, dht_key, probe_namespace
 from hetswarm.protocol.limits import MAX_STEP

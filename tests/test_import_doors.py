@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -186,3 +187,129 @@ def test_training_reaches_only_protocol_peer_and_itself():
     found = violations(source_files("client/training"),
                        lambda name: not within(name, "hetswarm") or any(within(name, p) for p in allowed))
     assert not found, "\n".join(found)
+
+
+# --- hivemind's internals stay in one room ----------------------------------------------------------------------
+
+HIVEMIND_ROOM = ROOT / "client" / "peer" / "hivemind_compat"
+_PRIVATE_MODULE_PARTS = ("p2p_daemon_bindings",)
+"""hivemind modules that its packages do not export: the daemon client's (hivemind.p2p exports P2P and its errors)."""
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """Every name a piece of source defines: functions, classes, attributes it assigns, module and local names."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+@functools.cache
+def hivemind_private_names() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """The private names hivemind's source defines (`_get_peer_stub`, `_client`, ...), and those of each of its
+    classes by class name, its hivemind bases' included."""
+    import hivemind
+    names, own, bases = set(), {}, {}
+    for path in Path(hivemind.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        names |= _defined_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                own.setdefault(node.name, set()).update(filter(_is_private, _defined_names(node)))
+                bases.setdefault(node.name, set()).update(map(_base_name, node.bases))
+
+    def of_class(name: str, seen: frozenset[str] = frozenset()) -> frozenset[str]:
+        inherited = [of_class(base, seen | {name}) for base in bases.get(name, ()) if base not in seen | {name}]
+        return frozenset(own.get(name, set())).union(*inherited)
+
+    return frozenset(filter(_is_private, names)), {name: of_class(name) for name in own}
+
+
+def _hivemind_bound(tree: ast.AST) -> set[str]:
+    """The local names a file binds to hivemind modules and objects (`import hivemind`, `from hivemind.p2p import P2P`)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {alias.asname or alias.name.partition(".")[0] for alias in node.names
+                      if within(alias.name, "hivemind")}
+        elif isinstance(node, ast.ImportFrom) and node.module and within(node.module, "hivemind"):
+            bound |= {alias.asname or alias.name for alias in node.names}
+    return bound
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def private_hivemind_uses(path: Path, ours: frozenset[str]) -> list[str]:
+    """Where a file reaches past hivemind's public API: an import of a private hivemind module or name; an attribute
+    named as one of hivemind's private names (`p2p._client`), unless hetswarm defines that name itself (a name both
+    define cannot be told apart statically); a private name of a hivemind class defined in a subclass (an override);
+    an attribute of a hivemind class or module replaced (`P2P.receive_raw_data = ...`)."""
+    private, of_class = hivemind_private_names()
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound, found = _hivemind_bound(tree), []
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and node.module and within(node.module, "hivemind"):
+            found += [f"{where}: imports {node.module}.{alias.name}" for alias in node.names
+                      if any(_is_private(part) or part in _PRIVATE_MODULE_PARTS
+                             for part in f"{node.module}.{alias.name}".split("."))]
+        elif isinstance(node, ast.Import):
+            found += [f"{where}: imports {alias.name}" for alias in node.names if within(alias.name, "hivemind")
+                      and any(_is_private(p) or p in _PRIVATE_MODULE_PARTS for p in alias.name.split("."))]
+        elif isinstance(node, ast.Attribute) and node.attr in private and node.attr not in ours:
+            found.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.ClassDef):
+            hidden = frozenset().union(*(of_class.get(_base_name(b), frozenset()) for b in node.bases
+                                         if _root_name(b) in bound))
+            found += [f"{where}: {node.name} overrides hivemind's {name}"
+                      for name in sorted(_defined_names(node) & hidden)]
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [f"{where}: replaces {ast.unparse(t)}" for t in targets
+                      if isinstance(t, ast.Attribute) and _root_name(t) in bound]
+    return found
+
+
+def _our_names(files: list[Path]) -> frozenset[str]:
+    return frozenset(name for path in files for name in _defined_names(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def test_the_private_hivemind_checker_sees_each_way_in(tmp_path):
+    """The checker itself: each way of reaching past hivemind's public API is seen, and neither hetswarm's own
+    names nor a private name of a hivemind class that is not a base are taken for an override."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from hivemind.averaging.allreduce import AllReduceRunner\nfrom hivemind.p2p import P2P, ServicerBase\n"
+                   "from hivemind.p2p.p2p_daemon_bindings.control import ControlClient\n"
+                   "class Runner(AllReduceRunner):\n    async def _ban_sender(self, peer): ...\n"
+                   "class Servicer(ServicerBase):\n    def _ban_sender(self): ...\n"
+                   "async def dial(p2p, peer):\n    await p2p._client.connect(peer, [])\n"
+                   "P2P.receive_raw_data = staticmethod(len)\nstate = object()._state\n")
+    found = private_hivemind_uses(bad, frozenset({"_state", "_ban_sender"}))
+    assert sorted(line.split(": ", 1)[1] for line in found) == [
+        "." + "_client", "Runner overrides hivemind's _ban_sender",
+        "imports hivemind.p2p.p2p_daemon_bindings.control.ControlClient", "replaces P2P.receive_raw_data"], found
+
+
+def test_private_hivemind_names_appear_in_the_compat_room_only():
+    """hivemind_compat/ is the one place a new hivemind release can break silently (docs/hivemind.md)."""
+    files = [path for folder in PACKAGE_DIRS for path in source_files(folder) if not path.is_relative_to(HIVEMIND_ROOM)]
+    ours = _our_names(files)
+    found = [use for path in files for use in private_hivemind_uses(path, ours)]
+    assert not found, "reach hivemind's internals through client/peer/hivemind_compat/:\n" + "\n".join(found)

@@ -19,7 +19,8 @@ import asyncio
 import pytest
 
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.client.peer.hivemind_compat import load_identity
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from tests.helpers.dht_nodes import start_node

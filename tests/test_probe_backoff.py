@@ -21,11 +21,12 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeConfig
 from hetswarm.client.peer.node import Identity, NodeConfig, SwarmNode, start_dht
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord

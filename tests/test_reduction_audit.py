@@ -122,8 +122,8 @@ def test_a_sender_whose_statement_does_not_list_its_parts_is_left_out(monkeypatc
     hostile: list = []
 
     class Misstating(group_allreduce.ExactAllReduceRunner):
-        async def _generate_input_for_peer(self, peer_index):
-            async for message in super()._generate_input_for_peer(peer_index):
+        async def parts_for_reducer(self, peer_index):
+            async for message in super().parts_for_reducer(peer_index):
                 if self.peer_id in hostile and message.code == averaging_pb2.PART_FOR_AVERAGING:
                     statement = json.loads(message.peer_id)
                     message.peer_id = signed_statement(  # signed, but for parts it does not send
@@ -137,7 +137,7 @@ def test_a_sender_whose_statement_does_not_list_its_parts_is_left_out(monkeypatc
 
 
 def test_a_statement_is_its_senders_for_one_round_and_reducer_only(tmp_path):
-    from hetswarm.protocol.identity import load_identity
+    from hetswarm.client.peer.hivemind_compat import load_identity
 
     key, other = load_identity(tmp_path / "a.key"), load_identity(tmp_path / "b.key")
     sender, reducer = peer_id_of(key.get_public_key()), peer_id_of(other.get_public_key())

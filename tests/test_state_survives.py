@@ -27,9 +27,10 @@ from typer.testing import CliRunner
 
 from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import units_of_layers
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment

@@ -13,9 +13,10 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.client.training.step_commit import CommitBoard
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.limits import ABORT_WINDOW_STEPS
 from hetswarm.protocol.vote_signing import signed_vote
 from hetswarm.protocol.votes import VoteMessage

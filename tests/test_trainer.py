@@ -16,7 +16,8 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.client.peer.hivemind_compat import load_identity
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import PROGRESS_FIELD
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords

@@ -36,12 +36,12 @@ from hetswarm.client.cli.options import (
 from hetswarm.client.cli.schedule import schedule
 from hetswarm.client.peer.addresses import ANY_HOST, DEFAULT_METRICS_HOST, LOOPBACK
 from hetswarm.client.peer.assignment_follower import check_coordinator_id
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.link_probe import ProbeConfig
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig
 from hetswarm.client.peer.volunteer import VolunteerConfig
 from hetswarm.client.training.trainer import TrainerConfig, TrainingSetup
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
-from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.join_tokens import issue_token
 from hetswarm.protocol.keys import is_peer_id
 

@@ -23,7 +23,6 @@ from typing import Annotated, Literal, Optional
 import torch
 import typer
 from hivemind.p2p import P2P, PeerID
-from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import MAX_DHT_TIME_DISCREPANCY_SECONDS, get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 from rich.text import Text
@@ -39,6 +38,7 @@ from hetswarm.client.cli.options import (
 )
 from hetswarm.client.peer.addresses import ANY_HOST
 from hetswarm.client.peer.hardware import DEFAULT_CACHE_PATH, compute_dtype, device_name, resolve_device
+from hetswarm.client.peer.hivemind_compat import ControlFailure, dial
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.reachability import (
     ask_clock,
@@ -161,7 +161,7 @@ async def _dial(probe: P2P, text: str, timeout_s: float) -> tuple[bool, str]:
         peer = PeerID.from_base58(maddr.value_for_protocol("p2p"))
         start = time.perf_counter()
         async with asyncio.timeout(timeout_s):
-            await probe._client.connect(peer, [maddr.decapsulate(Multiaddr(f"/p2p/{peer.to_base58()}"))])
+            await dial(probe, peer, [maddr.decapsulate(Multiaddr(f"/p2p/{peer.to_base58()}"))])
         return True, f"{(time.perf_counter() - start) * 1000:.0f} ms"
     except ControlFailure as e:
         return False, dial_error_text(e)

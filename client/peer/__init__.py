@@ -11,9 +11,10 @@
  * reachability.py        - can peers dial this one back? (asked on join, answered for others; the doctor's clock)
  * snapshot.py            - SwarmSnapshot: one typed read of a swarm's records (monitor, demo, scripts)
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
- * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who); stream messages
-                            capped at the transport
- * hivemind_compat.py     - a repair of hivemind's p2pd client: an answer to a cancelled call no longer stops it
+ * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who)
+ * hivemind_compat/       - the one room that reaches into hivemind 1.1.12's internals (version-checked): p2pd
+                            client repair and dial, stream message bound, DHT command pipe, identity files, the
+                            all-reduce runner's hooks
 
 The package imports none of them: a command that needs only a light one (`hetswarm schedule` reads options that
 name addresses) does not start hivemind or torch.

@@ -1,7 +1,7 @@
 """The swarm's held-out loss, read from its pipelines' Progress records and believed only where they agree.
 
 Every pipeline measures the same held-out windows (client/training/data.py, TokenSource.held_out_batch) on weights
-that its stage groups keep bit-identical (client/training/group_allreduce.py), so honest pipelines report the same
+that its stage groups keep bit-identical (client/training/exact_allreduce.py), so honest pipelines report the same
 loss, up to the rounding of their devices. A member's word is not evidence: a report counts only from a last-stage
 member of the plan, for a step the plan evaluates and the member has reached; the swarm's figure is the newest that
 two or more pipelines report alike (within AGREEMENT, relative), which no single member can hide by claiming a

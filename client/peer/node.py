@@ -21,10 +21,15 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import ANY_HOST, check_maddrs
 from hetswarm.client.peer.emulation import EmulatedP2P, LinkShaper, SiteLinks
-from hetswarm.client.peer.hivemind_compat import settle_late_answers
-from hetswarm.client.peer.peer_gate import bound_stream_messages
+from hetswarm.client.peer.hivemind_compat import (
+    bound_stream_messages,
+    load_identity,
+    read_commands_whole,
+    settle_late_answers,
+    shut_down_from_inside,
+)
 from hetswarm.protocol.errors import HetswarmError
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import check_swarm_name
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.signing import make_validators
@@ -83,7 +88,7 @@ class OwnedDHT(hivemind.DHT):
     def run(self) -> None:
         """In the DHT process: hivemind's serving loop, plus the thread that ends it when our parent dies."""
         threading.Thread(target=self._end_when_orphaned, name="hetswarm-parent-watch", daemon=True).start()
-        self._inner_pipe = WholeMessagePipe(self._inner_pipe)
+        read_commands_whole(self)
         try:
             super().run()
         finally:  # normally p2pd is already gone (awaited in shutdown); not when the node failed half-way
@@ -95,7 +100,7 @@ class OwnedDHT(hivemind.DHT):
             time.sleep(self._parent_poll_s)
         logger.warning(f"The process that started this DHT node ({self._owner_pid}) is gone; shutting down")
         try:
-            self._outer_pipe.send(("_shutdown", [], {}))  # our copy of the parent's end: the clean path
+            shut_down_from_inside(self)  # the clean path
         except (OSError, ValueError):
             pass
         time.sleep(ORPHAN_GRACE_S)  # a clean shutdown ends this process, and this daemon thread with it
@@ -107,34 +112,6 @@ class OwnedDHT(hivemind.DHT):
         daemons = _children_of(self.pid) if self.pid is not None and self.is_alive() else []
         super().shutdown()
         end_processes(daemons)
-
-
-class WholeMessagePipe:
-    """The DHT process's end of the command pipe from its parent, read one whole message at a time.
-
-    hivemind's DHT loop watches this pipe with `loop.add_reader`, which (under uvloop, libuv's uv_poll_init) makes
-    the descriptor non-blocking. `Connection.send` writes a message over 16 KiB as two writes, the length and then
-    the body, so the loop can wake on the length alone; `recv` then reads part of the body, raises BlockingIOError,
-    hivemind logs it and goes on with the rest of the body left in the pipe, and every later command is garbage:
-    the node stops answering and the caller hangs (hivemind/dht/dht.py, `_run`). That is why storing a ~32 KB record
-    killed a node (docs/hivemind.md, pitfall 1). Reading each message in blocking mode waits the microseconds the
-    parent takes to write the body.
-    """
-
-    def __init__(self, connection) -> None:
-        self._connection = connection
-
-    def recv(self):
-        descriptor = self._connection.fileno()
-        was_blocking = os.get_blocking(descriptor)
-        os.set_blocking(descriptor, True)
-        try:
-            return self._connection.recv()
-        finally:
-            os.set_blocking(descriptor, was_blocking)
-
-    def __getattr__(self, name: str):
-        return getattr(self._connection, name)
 
 
 def _children_of(pid: int) -> list[psutil.Process]:
@@ -167,7 +144,7 @@ def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
 
     The process (and its p2pd) ends when ours does, even when ours is SIGKILLed (OwnedDHT). Both processes' p2pd
     clients, and every one this process makes later, leave an answer to a cancelled call alone
-    (client/peer/hivemind_compat.py)."""
+    (client/peer/hivemind_compat/control.py)."""
     settle_late_answers()
     dht = OwnedDHT(
         initial_peers=list(config.initial_peers),
@@ -280,7 +257,7 @@ class SwarmNode:
     async def attach(cls, config: NodeConfig, dht: hivemind.DHT, identity: Identity, *,
                      site_links: SiteLinks | None = None, site: str | None = None) -> SwarmNode:
         """Replicates the DHT's P2P into this event loop, wrapped in link emulation when asked; every stream message
-        this process reads is bounded from then on (client/peer/peer_gate.py)."""
+        this process reads is bounded from then on (client/peer/hivemind_compat/streams.py)."""
         bound_stream_messages()
         p2p = await dht.replicate_p2p()
         node = cls(config, dht, identity, p2p)

@@ -3,13 +3,11 @@
 Anyone who can dial a peer can call its handlers: a stranger could open streams without end, or make a peer absorb
 probe payloads as fast as it sends them. A `PeerGate` in front of a handler bounds, per remote peer, the streams
 open at once and the calls per second (a token bucket), and may admit only some peers (those in view, say); a
-refused call is answered at once, unread. hivemind reads a stream message whole, with a length its sender states
-(up to 2^64 bytes, `P2P.receive_raw_data`); `bound_stream_messages` caps it at MAX_STREAM_MESSAGE_BYTES for every
-stream of this process, so that no handler, nor any caller reading a response, can be made to buffer more.
+refused call is answered at once, unread. The size of each stream message is bounded below the handlers, in
+hivemind's stream reader (client/peer/hivemind_compat/streams.py).
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -17,12 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from hivemind.p2p import P2P
-
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.limits import MAX_STREAM_MESSAGE_BYTES
 
-__all__ = ["MessageTooLarge", "PeerGate", "bound_stream_messages"]
+__all__ = ["PeerGate"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,20 +85,3 @@ class PeerGate:
         if now - self._warned_at.get(peer, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned_at[peer] = now
             logger.warning(f"Refused a {self.name} call from {peer}: {reason} ({self.refused[peer]} refused so far)")
-
-
-class MessageTooLarge(ConnectionError):
-    """A stream message whose stated length is over MAX_STREAM_MESSAGE_BYTES; the stream is closed unread."""
-
-
-async def _bounded_receive_raw_data(reader: asyncio.StreamReader) -> bytes:
-    header = await reader.readexactly(P2P.HEADER_LEN)
-    length = int.from_bytes(header, P2P.BYTEORDER)
-    if length > MAX_STREAM_MESSAGE_BYTES:
-        raise MessageTooLarge(f"a stream message of {length} bytes is over the {MAX_STREAM_MESSAGE_BYTES}-byte limit")
-    return await reader.readexactly(length)
-
-
-def bound_stream_messages() -> None:
-    """Caps every stream message this process reads (module docstring); idempotent."""
-    P2P.receive_raw_data = staticmethod(_bounded_receive_raw_data)

@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
-from hivemind.p2p.p2p_daemon_bindings.control import P2PDaemonError
-from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import dht_pb2, runtime_pb2
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
 from hetswarm.client.peer.emulation import EmulatedP2P
+from hetswarm.client.peer.hivemind_compat import ControlFailure, P2PDaemonError, dial
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
 
@@ -127,7 +126,7 @@ async def dial_back(peer: PeerID, maddrs: list[Multiaddr], *, dial_timeout_s: fl
     try:
         start = time.perf_counter()
         async with asyncio.timeout(dial_timeout_s):
-            await probe._client.connect(peer, maddrs)  # hivemind's own is_identity_taken dials the same way
+            await dial(probe, peer, maddrs)
         return DialBack(True, f"connected in {(time.perf_counter() - start) * 1000:.0f} ms")
     except ControlFailure as e:
         return DialBack(False, dial_error_text(e))

@@ -12,7 +12,8 @@ llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a
  * prepared_data.py     - `hetswarm data prepare`: documents tokenized into flat token files, an index, a digest
  * reference.py         - the single-process step that a distributed step must equal
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
- * group_allreduce.py   - a stage group's gradient all-reduce (hivemind AllReduceRunner, bit-identical results)
+ * group_allreduce.py   - a stage group's gradient all-reduce: one round per step, partial rounds refused
+ * exact_allreduce.py   - the runner of a round (hivemind AllReduceRunner): bit-identical averages, no sender trusted
  * reduction_audit.py   - every member re-reduces one part of each other reducer's share from its signed parts
  * tied_embeddings.py   - tied embeddings cut into stages: the first and last stages' copies kept equal
  * activation_memory.py - what a stage's forward keeps for its backward, measured (the cost model's check)

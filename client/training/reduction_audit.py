@@ -39,7 +39,7 @@ from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.part_statements import part_digest, read_statement
 
 if TYPE_CHECKING:
-    from hetswarm.client.training.group_allreduce import ExactAllReduceRunner
+    from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner
 
 __all__ = ["AUDIT_TOLERANCE", "audit_reducer", "audit_targets", "parse_reveal_request", "reveal_request",
            "shown_part"]
@@ -99,7 +99,7 @@ def shown_part(runner: ExactAllReduceRunner, part_index: int, sender_index: int)
 async def audit_reducer(runner: ExactAllReduceRunner, peer_index: int, part_index: int) -> str | None:
     """Why the reducer `peer_index` of `runner`'s round failed the check of part `part_index` (module docstring),
     or None when it passed."""
-    reducer, stub = runner.ordered_peer_ids[peer_index], runner._get_peer_stub(runner.ordered_peer_ids[peer_index])
+    reducer, stub = runner.ordered_peer_ids[peer_index], runner.peer_stub(runner.ordered_peer_ids[peer_index])
     others = [index for index, sender in enumerate(runner.sender_peer_ids) if sender != runner.peer_id]
     try:
         async with asyncio.timeout(runner.reducer_timeout):

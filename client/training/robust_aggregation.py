@@ -8,7 +8,7 @@ most tau / n per iteration, however far it is. Here the centre starts at the coo
 `radius_factor` times the median distance of the contributions from it, so it scales with the gradients.
 
 In the stage group's all-reduce, each reducer applies it to the senders' versions of each of its parts
-(client/training/group_allreduce.py); a plan chooses it with `hetswarm coordinator --aggregation centered-clip`.
+(client/training/exact_allreduce.py); a plan chooses it with `hetswarm coordinator --aggregation centered-clip`.
 With honest replicas only, it differs from the mean (and so from the single-process reference) by the clipping of
 the contributions farthest from the centre: it is for open swarms, off by default.
 """

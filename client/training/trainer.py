@@ -318,7 +318,7 @@ class Trainer:
 
         A ping is never cancelled: one still in flight at the next heartbeat just counts as late, and no second one
         is sent to that peer. (hivemind 1.1.12's control client stopped reading p2pd's answers when one came for a
-        call just cancelled; client/peer/hivemind_compat.py repairs that.)"""
+        call just cancelled; client/peer/hivemind_compat/control.py repairs that.)"""
         peers = sorted(_talks_to(assignment, assignment.roles[self.node.peer_id], self.node.peer_id))
         misses, reported = dict.fromkeys(peers, 0), set()
         in_flight: dict[str, asyncio.Task] = {}

@@ -10,8 +10,8 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.node import Identity, NodeConfig, start_dht
-from hetswarm.protocol.identity import load_identity
 from hetswarm.protocol.keys import PEERS_FIELD, dht_key
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import PeerRecord

@@ -8,7 +8,7 @@ from pathlib import Path
 from hivemind.p2p import P2P
 from hivemind.utils.crypto import RSAPrivateKey
 
-from hetswarm.protocol.identity import load_identity
+from hetswarm.client.peer.hivemind_compat import load_identity
 
 
 @contextlib.asynccontextmanager

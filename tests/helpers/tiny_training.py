@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.model import build_full_model, build_stage
 from hetswarm.client.training.reference import held_out_loss, reference_step, step_batches
 from hetswarm.client.training.stage_state import StageState, unit_digests, unit_encodings, units_root
 from hetswarm.client.training.stage_worker import StageConfig
-from hetswarm.protocol.identity import load_identity, peer_id_of
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.records import Assignment, PeerRole
 from hetswarm.protocol.wire_format import WireFormat

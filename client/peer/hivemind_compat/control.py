@@ -1,4 +1,4 @@
-"""A repair of hivemind 1.1.12's p2pd control client that every hetswarm process installs before its P2P starts.
+"""hivemind 1.1.12's p2pd control client: a repair every hetswarm process installs before its P2P starts, and a dial.
 
 `ControlClient` keeps one future per call it sends over its persistent connection to p2pd (unary calls, handler
 registrations), and one task reads the daemon's answers and settles them. A caller that is cancelled — a timeout
@@ -7,6 +7,10 @@ at once but drops it from the pending calls only when it runs again; an answer r
 cancelled future, `InvalidStateError` ends the reading task, and from then on this process's unary calls and the
 unary calls it serves all wait for ever (docs/hivemind.md, pitfall 17). `settle_late_answers` makes the reader leave
 a settled future alone, as an answer to a call nobody waits for any more should be.
+
+`dial` opens a connection to a peer at given addresses without opening a stream: the reachability check and
+`hetswarm doctor` need to know whether an address answers, and hivemind's P2P exposes that only through its daemon
+client (`P2P._client.connect`, which hivemind's own `is_identity_taken` uses the same way).
 """
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ import functools
 from collections.abc import Generator
 from typing import Any
 
-from hivemind.p2p.p2p_daemon_bindings.control import ControlClient
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.control import ControlClient, P2PDaemonError
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+from hivemind.utils.multiaddr import Multiaddr
 
-__all__ = ["settle_late_answers"]
+__all__ = ["ControlFailure", "P2PDaemonError", "dial", "settle_late_answers"]
 
 
 class _Settle:
@@ -61,3 +68,9 @@ def settle_late_answers() -> None:
 
     repaired.settles_late_answers = True
     ControlClient.__init__ = repaired
+
+
+async def dial(p2p: P2P, peer: PeerID, maddrs: list[Multiaddr]) -> None:
+    """Connects `p2p`'s daemon to `peer` at `maddrs`; raises ControlFailure with p2pd's reason when no address
+    answers (module docstring). Bound it with a deadline: p2pd's own is long."""
+    await p2p._client.connect(peer, maddrs)
