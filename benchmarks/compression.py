@@ -30,8 +30,8 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import cost_plan
+from hetswarm.protocol.network import Network
 
 BASELINE = "model"
 """Today's wire before compression: fp16 activations and gradients, fp32 all-reduce (the model config's widths)."""

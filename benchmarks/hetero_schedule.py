@@ -21,11 +21,11 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 from hetswarm.coordinator.cost_model import Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
 from hetswarm.coordinator.live_objective import fitting
-from hetswarm.coordinator.network import HARDWARE_SCENARIOS, load_network
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import HARDWARE_SCENARIOS, load_network
 
 MODEL = get_model_config("paper-gpt3-xl")
 

@@ -21,12 +21,12 @@ from scheduler import geo_swarm
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s
 from hetswarm.coordinator.live_objective import Hardware, fitting
-from hetswarm.coordinator.network import Network, load_network
 from hetswarm.coordinator.plan import cost_plan
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import Network, load_network
 
 MODEL = get_model_config("paper-gpt3-xl")
 CARDS = {"T4": (65.0, 14.9, 0.45), "RTX 4090": (165.2, 22.35, 0.25), "RTX 3090": (71.0, 22.35, 0.15),

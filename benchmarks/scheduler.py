@@ -19,12 +19,12 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 
 from hetswarm.coordinator.baselines import default_placement, random_placement
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.network import PAPER_SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import plan_from_partition
 from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import PAPER_SCENARIOS, Network, load_network
 
 PAPER_MODEL = get_model_config("paper-gpt3-xl")
 INTRA_REGION = {"latency_ms": 5.0, "bandwidth_gbps": 2.0}  # the paper's intra-region link (case 5)

@@ -1,7 +1,7 @@
 """Scheduling: the DT-FM cost model, its exact inner solvers and the evolutionary search (numpy/scipy only; the
-model shapes it prices are hetswarm.protocol.model_config, since they travel in every Assignment).
+model shapes it prices are hetswarm.protocol.model_config, since they travel in every Assignment, and the networks
+it plans over are hetswarm.protocol.network, since link emulation reads the same scenarios).
 
- * network.py      - Network: latency/bandwidth matrices and device sites, validated; the packaged scenarios
  * cost_model.py   - Payloads, CostBreakdown, the CostEvaluator protocol and PaperCostModel (DataP + 2·PipeP)
  * matching.py     - bottleneck perfect matching between two stage groups (threshold search + augmenting paths)
  * tsp.py          - open-path TSP over stage groups: exact Held–Karp, heuristic beyond 12 groups
@@ -13,7 +13,8 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * scheduler.py    - find_plan: network + payloads in, deployable plan out
  * live_cost.py    - the live cost model: paper communication + per-peer compute + pipeline bubble + memory
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
- * planner.py      - proposals (shape choice, placement, live price) and the Replanner's publish decisions
+ * planner.py      - proposals: shape choice, placement, live price
+ * replanner.py    - Replanner: when a proposal becomes a published plan (debounce, hysteresis, sticky roles, adopt)
  * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
  * failure_votes.py - the signed failure votes of aborted attempts, judged: who keeps the plan from committing
                      (imports hivemind, to check signatures)
@@ -23,14 +24,15 @@ model shapes it prices are hetswarm.protocol.model_config, since they travel in 
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled
  * admission.py    - who may be planned: everyone, or (closed) the allow-list and holders of our join tokens
  * claims.py       - claimed TFLOPS against reported compute times; liars priced by what they do
+ * assignment_record.py - the signed Assignment built from a priced proposal, with the plan's one price
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """
 from hetswarm.coordinator.cost_model import CostBreakdown, CostEvaluator, PaperCostModel, Payloads
-from hetswarm.coordinator.network import InvalidNetwork, Network, load_network
 from hetswarm.coordinator.plan import Plan, cost_plan, plan_from_partition
 from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
 from hetswarm.coordinator.search import SearchConfig, SearchProgress
+from hetswarm.protocol.network import InvalidNetwork, Network, load_network
 
 __all__ = [
     "CostBreakdown", "CostEvaluator", "InvalidNetwork", "Network", "PaperCostModel", "Payloads", "Plan",

@@ -37,11 +37,13 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
+from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
-from hetswarm.coordinator.planner import Proposal, Replanner
+from hetswarm.coordinator.planner import Proposal
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
@@ -66,15 +68,12 @@ from hetswarm.protocol.record_store import SwarmRecords, check_ttl
 from hetswarm.protocol.records import (
     Aggregation,
     Assignment,
-    CheckpointPlan,
-    Handoff,
     PeerRecord,
-    PeerRole,
     Progress,
     Refusals,
 )
 
-__all__ = ["BroadcastConfig", "Broadcaster", "build_assignment", "troubles"]
+__all__ = ["BroadcastConfig", "Broadcaster", "troubles"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,38 +141,6 @@ def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[s
 def _bounded(reasons: Mapping[str, str]) -> dict[str, str]:
     """The first MAX_REFUSED_PER_RECORD peers by id, each reason cut to what a Refusals record holds."""
     return {peer: why[:160] for peer, why in sorted(reasons.items())[:MAX_REFUSED_PER_RECORD]}
-
-
-def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, reason: str, step: int,
-                     handoff: Handoff | None = None, checkpoints: CheckpointPlan | None = None,
-                     aggregation: Aggregation = "mean", eval_every: int = 0) -> Assignment:
-    """The signed record clients follow, from a priced proposal."""
-    d_pp, d_dp = proposal.plan.grid.shape
-    pipelines = proposal.pipelines
-    return Assignment(
-        coordinator_id=coordinator_id,
-        version=version,
-        model=proposal.model.to_dict(),
-        d_pp=d_pp,
-        d_dp=d_dp,
-        stage_layers=[[a, b] for a, b in proposal.execution.stage_layers],
-        roles={peer: PeerRole(stage=stage, replica=replica)
-               for replica, chain in enumerate(pipelines) for stage, peer in enumerate(chain)},
-        pipelines=pipelines,
-        predicted_step_s=float(proposal.live.total_s),
-        breakdown=proposal.live.to_dict() | {"paper_cost_s": float(proposal.plan.cost_s)},
-        micro_batches=proposal.execution.micro_batches,
-        recompute=proposal.execution.recompute,
-        schedule=proposal.execution.schedule,
-        step=step,
-        reason=reason[:256],
-        issued_at=get_dht_time(),
-        handoff=handoff,
-        checkpoints=checkpoints,
-        aggregation=aggregation,
-        wire=proposal.wire,
-        eval_every=eval_every,
-    )
 
 
 class Broadcaster:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from hetswarm.coordinator.matching import bottleneck_matching
-from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.tsp import shortest_path
 from hetswarm.protocol.errors import ConfigError, RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.network import Network
 from hetswarm.protocol.units import BYTES_PER_GB
 
 if TYPE_CHECKING:  # the scheduler imports no pydantic (tests/test_import_doors.py)

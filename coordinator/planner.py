@@ -9,25 +9,13 @@ time. So is the wire under the `auto` compression policy (protocol/wire_format.p
 lightest wire, and the plan takes the least lossy wire predicted within AUTO_TOLERANCE of the fastest on that
 placement.
 
-The replanner publishes a new version when the set of trainable peers changed and then stayed put for the debounce
-time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
-predicted at least `improvement` faster than the current plan re-priced on the fresh measurements (hysteresis, so
-that measurement noise does not make the swarm thrash).
-
-Re-plans are sticky (coordinator/sticky.py): the plan in force with its gone peers replaced is kept unless the
-search's plan is `improvement` faster and wins back the state hand-off of the peers it moves within
-`payback_steps` steps; the reason names the peers that move.
-
-A restarted coordinator `adopt`s the plan in force instead of planning afresh: a new plan would reshuffle peers that
-are training well, and their stages would lose what they learned. The plan is taken over as it is as soon as all its
-peers are in view; if some of them left meanwhile, the survivors are preferred in the replan that follows.
+The replanner (coordinator/replanner.py) decides when a proposal becomes a published plan.
 """
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -43,15 +31,12 @@ from hetswarm.coordinator.live_cost import (
 )
 from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
 from hetswarm.coordinator.plan import Plan, cost_plan
-from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.coordinator.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
 from hetswarm.coordinator.search import SearchConfig
-from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
-from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
+from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.keys import short_ids
 from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment, PeerRecord
 from hetswarm.protocol.units import BYTES_PER_GIB
 from hetswarm.protocol.wire_format import (
     AUTO_TOLERANCE,
@@ -61,7 +46,7 @@ from hetswarm.protocol.wire_format import (
     candidate_wires,
 )
 
-__all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "Replanner", "deployed", "propose"]
+__all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "deployed", "propose", "reprice"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +242,7 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wi
     placed_ids = sorted({peer for chain in pipelines for peer in chain})
     missing = [p for p in placed_ids if p not in view.peer_ids]
     if missing:
-        raise ValueError(f"{len(missing)} peer(s) of the pipelines are not in the view: {_short(frozenset(missing))}")
+        raise ValueError(f"{len(missing)} peer(s) of the pipelines are not in the view: {short_ids(frozenset(missing))}")
     placed = view.subset(placed_ids)
     index = {peer: i for i, peer in enumerate(placed_ids)}
     grid = np.array([[index[peer] for peer in chain] for chain in pipelines], dtype=np.int64).T  # (d_pp, d_dp)
@@ -298,223 +283,3 @@ def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: i
     else:
         grid = default_placement(paper).grid
     return grid, fitting(model, view.memory_gib[grid])
-
-
-@dataclass
-class Replanner:
-    """Decides, from the peers' records, when to publish which plan; `current` is the last one published."""
-
-    config: PlannerConfig
-    current: Proposal | None = None
-    _in_force: Assignment | None = None
-    """A previous run's plan, handed over by `adopt`, until it is published again or replaced."""
-    _members: frozenset[str] = frozenset()
-    _changed_at: float = -math.inf
-    _considered_at: float = -math.inf
-    _last_refusal: str = ""
-    _suspects: dict[str, tuple[float, str]] = field(default_factory=dict)
-    """Peer → until when (monotonic) it is left out, and why (coordinator/reports.py)."""
-    trusted: frozenset[str] | None = None
-    """Peers whose claims their reports confirmed, as the coordinator last judged them (coordinator/claims.py);
-    None trusts every peer."""
-    _trouble: str = ""
-    """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
-    _restarted_at: float = -math.inf
-
-    def adopt(self, assignment: Assignment) -> bool:
-        """Takes over the plan in force of this coordinator's previous run, so that a restart keeps the roles; False
-        (and logged) when the plan was made for another model or shape than this run's config asks for.
-
-        Until all the plan's peers are in view, `decide` returns nothing; once they are, it returns the plan as it
-        is (no debounce, no `min_peers`: the swarm was already training). Peers of the plan that left are replanned
-        out after the debounce, as any membership change, with the survivors preferred.
-        """
-        if self.current is not None:
-            raise RuntimeError("adopt() is for a replanner that has published nothing yet")
-        if (reason := self._reason_not_to_adopt(assignment)) is not None:
-            logger.info(f"Not adopting plan v{assignment.version}: {reason}; planning afresh")
-            return False
-        self._in_force = assignment
-        return True
-
-    def _reason_not_to_adopt(self, assignment: Assignment) -> str | None:
-        try:
-            model = assignment.model_config()
-        except (TypeError, ValueError) as e:
-            return f"its model config is invalid ({e})"
-        if replace(model, micro_batches=self.config.model.micro_batches) != self.config.model:  # a plan may need more
-            return f"it trains {model.name!r} with other settings than this run's {self.config.model.name!r}"
-        for name, fixed, found in (("d_dp", self.config.d_dp, assignment.d_dp),
-                                   ("d_pp", self.config.d_pp, assignment.d_pp)):
-            if fixed is not None and fixed != found:
-                return f"it has {name}={found}, this run asks for {fixed}"
-        return None
-
-    def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
-                     reasons: Mapping[str, str] | None = None) -> None:
-        """What the plan's members report (client/training/trainer.py), as the coordinator judged it
-        (coordinator/reports.py, coordinator/failure_votes.py): `unreachable` maps whoever stands behind it (a
-        reporter, or this coordinator) to the peers to leave out, `reasons` says why each,
-        `stalled` maps a member that gave up to its reason. An unreachable peer is left out at once (no debounce:
-        the plan cannot train with it); stalled members get the plan restarted."""
-        fresh = {peer for peers in unreachable.values() for peer in peers
-                 if self._suspects.get(peer, (-math.inf, ""))[0] <= now}
-        for peer in fresh:
-            self._suspects[peer] = (now + self.config.suspect_s, (reasons or {}).get(peer, REACHED_NOBODY))
-        if fresh:
-            self._trouble = f"{_short(frozenset(fresh))} ({self._suspects[min(fresh)][1]})"
-            logger.warning(f"Leaving {_short(frozenset(fresh))} out and re-planning: " + "; ".join(
-                f"{short_id(peer)} {self._suspects[peer][1]}" for peer in sorted(fresh)))
-        elif stalled and not self._trouble and now - self._restarted_at >= self.config.retry_s:
-            self._trouble = f"stalled: {_short(frozenset(stalled))} ({next(iter(stalled.values()))[:80]})"
-
-    def left_out(self, now: float) -> dict[str, str]:
-        """Peers left out of planning for now, with the reason (for the coordinator's Refusals record)."""
-        return {peer: f"left out for {until - now:.0f} s more: {why}"
-                for peer, (until, why) in self._suspects.items() if until > now}
-
-    def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
-        """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
-        self._suspects = {peer: suspect for peer, suspect in self._suspects.items() if suspect[0] > now}
-        records = {peer: record for peer, record in records.items() if peer not in self._suspects}  # not even standby
-        members = frozenset(trainable_peers(records))
-        if members != self._members:
-            self._members, self._changed_at = members, now
-        if self._trouble and self.current is not None:
-            return self._recover(records, members, now)
-        if self.current is None and self._in_force is not None:
-            return self._adopt(records, members, now)
-        if self.current is None and len(members) < self.config.min_peers:
-            self._refuse(f"Waiting for {self.config.min_peers} trainable peers, {len(members)} in view", logging.INFO)
-            return None
-        if self.current is not None and members == self.current.peers:
-            return self._reconsider(records, now)
-        if now - self._changed_at < self.config.debounce_s or not members:
-            return None
-        view = build_view(records)
-        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
-            self._refuse(f"Waiting for {len(view.estimated)} links to be measured", logging.INFO)
-            return None
-        if self.current is None:
-            reason = f"initial plan for {len(members)} peers"
-        else:
-            joined, left = members - self.current.peers, self.current.peers - members
-            reason = (f"membership changed: {len(joined)} joined {_short(joined)}, {len(left)} left {_short(left)}")
-        return self._propose(view, reason, now)
-
-    def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
-                 ) -> tuple[Proposal, str] | None:
-        """Acts on trouble at once: without the unreachable peers, or the same plan again for stalled members."""
-        trouble, self._trouble = self._trouble, ""
-        if members == self.current.peers:  # nobody to leave out: restart the plan as it is
-            self._restarted_at = self._considered_at = now
-            return self.current, f"restart from the last committed step; {trouble}"
-        if not members:
-            self._refuse(f"no trainable peer left after {trouble}")
-            return None
-        view = build_view(records).subset(sorted(members))
-        return self._propose(view, f"re-planned without {trouble}", now)
-
-    def _adopt(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
-                ) -> tuple[Proposal, str] | None:
-        """The plan in force as it is once all its peers are in view; else, after the debounce, a replan that prefers
-        its surviving peers."""
-        in_force = self._in_force
-        placed = frozenset(in_force.roles)
-        if placed <= members:
-            self._in_force = None
-            proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format(),
-                                Execution.of_assignment(in_force))
-            self.current, self._considered_at, self._last_refusal = proposal, now, ""
-            return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
-        self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
-                     f"{_short(placed - members)}", logging.INFO)
-        if now - self._changed_at < self.config.debounce_s or not members:
-            return None
-        view = build_view(records)
-        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
-            return None
-        joined, left = members - placed, placed - members
-        reason = (f"membership changed since v{in_force.version}: {len(joined)} joined {_short(joined)}, "
-                  f"{len(left)} left {_short(left)}")
-        decision = self._propose(view, reason, now, prefer=placed & members)
-        if decision is not None:
-            self._in_force = None
-        return decision
-
-    def _reconsider(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
-        if now - self._considered_at < self.config.reconsider_s:
-            return None
-        self._considered_at = now
-        view = build_view(records)
-        placed = view.subset(list(self.current.view.peer_ids))
-        if (np.array_equal(placed.network.latency_ms, self.current.view.network.latency_ms)
-                and np.array_equal(placed.network.bandwidth_gbps, self.current.view.network.bandwidth_gbps)
-                and np.array_equal(placed.tflops, self.current.view.tflops)):
-            return None
-        current = reprice(self.current, view).live.total_s
-        try:
-            fresh = propose(view, self.config, prefer=frozenset(self.current.view.peer_ids))
-        except NoFeasiblePlan as e:
-            self._refuse(f"Keeping the current plan: {e}")
-            return None
-        chosen, why = self._sticky_or_searched(view, fresh, self.current.pipelines, self.current.execution)
-        if chosen is not fresh:
-            logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {current:.3f} s "
-                        f"now, which does not clear the {self.config.improvement:.0%} threshold or pay for its moves")
-            return None
-        self.current = fresh
-        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s; {why}"
-
-    def _propose(self, view: SwarmView, reason: str, now: float, *, prefer: frozenset[str] | None = None
-                 ) -> tuple[Proposal, str] | None:
-        in_force = self.current.pipelines if self.current else self._in_force.pipelines if self._in_force else None
-        if prefer is None:
-            prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
-        try:
-            searched = propose(view, self.config, prefer=prefer, trusted=self.trusted)
-        except NoFeasiblePlan as e:
-            self._refuse(f"{reason}, but {e}")
-            return None
-        runs = self.current.execution if self.current else Execution.of_assignment(self._in_force) if self._in_force else None
-        proposal, why = self._sticky_or_searched(view, searched, in_force, runs) if in_force else (searched, "")
-        self.current, self._considered_at, self._last_refusal = proposal, now, ""
-        return proposal, f"{reason}; {why}" if why else reason
-
-    def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None,
-                            runs: Execution | None) -> tuple[Proposal, str]:
-        """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
-        (coordinator/sticky.py); and which peers move, and why."""
-        model, wire = self.config.model, searched.wire
-        held = held_layers(in_force, runs.stage_layers) if in_force else {}
-        kept = None
-        if in_force:
-            kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
-                                    price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
-        moves = migration(searched.pipelines, searched.execution.stage_layers, held, view, model)
-        try:
-            sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
-        except NoFeasiblePlan:
-            sticky = None
-        if sticky is None:
-            return searched, moves.describe()
-        gain_s = sticky.live.total_s - searched.live.total_s
-        staying = migration(kept, runs.stage_layers, held, view, model)
-        extra_s = moves.seconds - staying.seconds
-        if search_pays(moves, staying, gain_s, sticky.live.total_s, improvement=self.config.improvement,
-                       payback_steps=self.config.payback_steps):
-            faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
-            if not moves.moves:
-                return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"
-            return searched, (f"{moves.describe()}: {faster} and pays back its {max(extra_s, 0):.1f} s of hand-off "
-                              f"in {math.ceil(max(extra_s, 0) / gain_s)} steps")
-        return sticky, staying.describe()
-
-    def _refuse(self, message: str, level: int = logging.WARNING) -> None:
-        if message != self._last_refusal:  # once per situation, not once per poll
-            self._last_refusal = message
-            logger.log(level, message)
-
-
-def _short(peers: frozenset[str]) -> str:
-    return "[" + ", ".join(sorted(short_id(p) for p in peers)) + "]"

@@ -19,9 +19,9 @@ from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.live_objective import Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate
-from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
+from hetswarm.protocol.network import Network
 from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["SPEED_GAP", "ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan", "find_shaped_plan",

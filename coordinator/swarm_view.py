@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hetswarm.coordinator.network import InvalidNetwork, Network, load_scenario
+from hetswarm.protocol.network import InvalidNetwork, Network, load_scenario
 from hetswarm.protocol.records import PeerRecord
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
@@ -144,7 +144,7 @@ def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.n
 
 def load_hardware(scenario: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(tflops, memory_gib) per device from a saved view or plan (SwarmView.to_dict), or from a scenario with
-    hardware (coordinator/network.py); None for a scenario without."""
+    hardware (protocol/network.py); None for a scenario without."""
     try:
         devices = load_scenario(str(scenario))[0]["devices"]
         return (np.array([float(d["tflops"]) for d in devices]), np.array([float(d["memory_gib"]) for d in devices]))

@@ -19,9 +19,9 @@ import asyncio
 import time
 from collections import Counter
 
+from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig, identity_for, start_dht_for_process
-from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords

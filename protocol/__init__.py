@@ -5,6 +5,8 @@ imports the errors) must stay usable without it.
  * limits.py       - byte, count and time limits that every receiver enforces
  * units.py        - unit conversions (Mbit/s and Gbit/s, GB and GiB), defined once
  * model_config.py - model shapes, and the payload bytes (c_DP, c_PP) and FLOPs derived from them (pure Python)
+ * network.py      - Network: latency/bandwidth matrices and device sites, validated; the packaged scenarios (numpy;
+                   the scheduler plans over them, link emulation replays them)
  * records.py      - PeerRecord, Assignment, Progress, Refusals: pydantic.v1 schemas, strict types, physical bounds
  * keys.py         - DHT keys and P2P handler namespaces of one swarm; the short peer id people read
  * identity.py     - the RSA key that is both libp2p identity and record-signing key; peer id of a key
@@ -18,6 +20,7 @@ imports the errors) must stay usable without it.
  * wire_format.py  - the codec of each transfer of a plan (fp32, fp16, 8-bit) and the bytes the cost model prices
  * codecs.py       - tensors encoded in those codecs with hivemind's serializers, and their error bounds
  * framing.py      - activation/gradient frames on a stream, and the receiver's checks
+ * rpc_messages.py - the small messages of the other calls (state questions, audits, dial-backs): schemas, one reader
 """
 from hetswarm.protocol.errors import HetswarmError, RecordTooLarge, RejectedInput
 

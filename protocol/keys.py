@@ -3,6 +3,7 @@ several swarms can share one DHT; and the short form of a peer id that people re
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from hetswarm.protocol.errors import RejectedInput
 
@@ -79,3 +80,8 @@ def state_namespace(swarm: str) -> str:
 def short_id(peer_id: str) -> str:
     """The last six characters of a peer id, as tables and logs show it."""
     return "…" + peer_id[-6:]
+
+
+def short_ids(peer_ids: Iterable[str]) -> str:
+    """`[…abc123, …def456]`: peers as logs list them, sorted."""
+    return "[" + ", ".join(sorted(map(short_id, peer_ids))) + "]"

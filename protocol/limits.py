@@ -42,7 +42,7 @@ FRAME_PART_BYTES = 2 * 1024 * 1024
 """Tensor bytes per stream message of an activation or gradient frame (hivemind: keep messages under 4 MiB)."""
 
 MAX_STREAM_MESSAGE_BYTES = 8 * 1024 * 1024
-"""Largest single message any stream of ours reads (client/peer/peer_gate.py): 4× the largest part we send (an
+"""Largest single message any stream of ours reads (client/peer/hivemind_compat/streams.py): 4× the largest part we send (an
 activation frame part), with room for protobuf framing."""
 
 MAX_FRAME_HEADER_BYTES = 4 * 1024

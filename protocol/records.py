@@ -181,6 +181,23 @@ class CheckpointPlan(_Record):
     this, so that the stages' checkpoints meet at the same steps."""
 
 
+class BottleneckHop(_Record):
+    """The plan's slowest pipeline hop, as the coordinator priced it when it published the plan: on the links it
+    saw then, for the bytes the plan's wire sends (coordinator/assignment_record.py). The monitor shows this price;
+    it does not price the plan again."""
+
+    stage: conint(strict=True, ge=0, le=MAX_PEERS_PER_ASSIGNMENT)
+    """The hop from this stage to the next ..."""
+    pipeline: conint(strict=True, ge=0, le=MAX_PEERS_PER_ASSIGNMENT)
+    """... in this pipeline."""
+    latency_ms: confloat(strict=True, ge=0.0, le=MAX_LATENCY_MS)
+    bandwidth_mbps: confloat(strict=True, gt=0.0, le=MAX_BANDWIDTH_MBPS)
+    estimated: StrictBool
+    """The link was not measured: its figures are the coordinator's estimate (coordinator/swarm_view.py)."""
+    micro_batch_s: _Seconds
+    """One micro-batch's activations (or gradients) across it: the live model's hop term (coordinator/live_cost.py)."""
+
+
 class Assignment(_Record):
     """The plan every client follows, signed by the coordinator whose key the clients pinned."""
 
@@ -218,6 +235,8 @@ class Assignment(_Record):
     eval_every: _Step = 0
     """Every pipeline measures its loss on the held-out set after each step s with (s + 1) % eval_every == 0; 0:
     never (client/training/stage_worker.py)."""
+    bottleneck: BottleneckHop | None = None
+    """None: a single stage, or a coordinator of an older version."""
 
     def model_config(self) -> ModelConfig:
         """The plan's model, typed, with the plan's micro-batch count; the one place a wire model is parsed.
@@ -249,6 +268,10 @@ class Assignment(_Record):
                 role = roles.get(peer)
                 if role is None or (role.stage, role.replica) != (stage, replica):
                     raise ValueError(f"pipeline {replica} stage {stage}: {peer} has no matching role")
+        bottleneck = values.get("bottleneck")
+        if bottleneck is not None and not (bottleneck.stage < d_pp - 1 and bottleneck.pipeline < d_dp):
+            raise ValueError(f"bottleneck hop {bottleneck.stage}→{bottleneck.stage + 1} of pipeline "
+                             f"{bottleneck.pipeline} is not a hop of a {d_dp}×{d_pp} plan")
         checkpoints = values.get("checkpoints")
         if checkpoints is not None and len(checkpoints.savers) != d_pp:
             raise ValueError(f"expected a checkpoint saver entry for each of {d_pp} stages")

@@ -8,7 +8,8 @@ import torch
 from hetswarm.client.training.activation_deltas import RESEND_WHOLE, DeltaBase, DeltaBuffers, checksum
 from hetswarm.client.training.errors import StageError
 from hetswarm.client.training.neighbour_streams import StreamPlan
-from hetswarm.client.training.stage_worker import StageConfig, _check_deltas
+from hetswarm.client.training.stage_start import check_deltas
+from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.errors import ConfigError
@@ -145,7 +146,7 @@ def test_a_plan_whose_copies_do_not_fit_is_refused_with_what_they_need():
     plan = StreamPlan(assignment_version=1, pipeline=0, micro_batches=4, shape=(8, 2048, 2048), wire=AQ_SGD,
                       previous=None, next=None, data_period=1000)
     with pytest.raises(StageError, match=r"1000 steps × 4 micro-batches of \[8, 2048, 2048\] .* 512000 MiB"):
-        _check_deltas(plan, StageConfig())
+        check_deltas(plan, StageConfig())
     with pytest.raises(StageError, match="data_period of at least 2"):
-        _check_deltas(StreamPlan(assignment_version=1, pipeline=0, micro_batches=4, shape=SHAPE, wire=AQ_SGD,
+        check_deltas(StreamPlan(assignment_version=1, pipeline=0, micro_batches=4, shape=SHAPE, wire=AQ_SGD,
                                  previous=None, next=None, data_period=None), StageConfig())

@@ -12,7 +12,7 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from hetswarm.client.peer.assignment_follower import AssignmentFollower, check_coordinator_id
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.coordinator.broadcaster import build_assignment
+from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.planner import PlannerConfig, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view

@@ -1,4 +1,4 @@
-"""An aborted attempt is over only once its compute thread is: client/training/stage_worker.py, in_thread.
+"""An aborted attempt is over only once its compute thread is: client/training/stage_passes.py, in_thread.
 
 A stage's passes run in worker threads. When the plan aborts an attempt, its task is cancelled while a backward
 may still be running; if the task ended first, the next attempt would reset .grad and the old backward would then
@@ -9,7 +9,7 @@ cancelled it again through its TaskGroup, which cut the wait for the thread shor
 import asyncio
 import threading
 
-from hetswarm.client.training.stage_worker import in_thread
+from hetswarm.client.training.stage_passes import in_thread
 
 SEND_FAILS_AFTER_S = 0.05
 WAIT_S = 5.0  # bounds every wait below, so a failing test cannot hang

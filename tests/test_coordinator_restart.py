@@ -25,7 +25,8 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.run_state import (
     CoordinatorState,
     load_state,

@@ -18,8 +18,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.client.cli.render import render
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.monitor.render import render
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key
@@ -101,7 +101,7 @@ def test_the_monitor_shows_the_assignment(settled):
     assignment = settled["assignment"]
     assert {peer["site"] for row in assignment["grid"] for peer in row} == set(SITES.values())
     assert [len(chain) for chain in assignment["pipelines"]] == [PP, PP]
-    assert assignment["bottleneck_link"]["time_s"] > 0 and assignment["predicted_step_s"] > 0
+    assert assignment["bottleneck_link"]["micro_batch_s"] > 0 and assignment["predicted_step_s"] > 0
     assert assignment["followers"] == len(SITES)
     console = Console(record=True, width=200)
     console.print(render(settled))

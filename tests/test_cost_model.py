@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.network import PAPER_SCENARIOS, InvalidNetwork, Network, load_network
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import PAPER_SCENARIOS, InvalidNetwork, Network, load_network
 from tests.helpers.scheduler_oracles import brute_cost, random_network
 
 PAPER = get_model_config("paper-gpt3-xl")

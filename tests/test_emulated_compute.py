@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hardware import emulate_tflops
-from hetswarm.client.training.stage_worker import _CLOCK, StageWorker, _Clock
+from hetswarm.client.training.stage_passes import StagePasses
+from hetswarm.client.training.step_clock import start_clock
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.records import Hardware
 
@@ -27,16 +28,15 @@ def test_a_device_cannot_be_emulated_faster_than_it_is(tflops):
 
 def computed_s(tflops: float | None, seconds: float) -> float:
     """The compute time a worker emulating `tflops` counts for 0.3 GFLOP that take `seconds` here."""
-    worker = StageWorker.__new__(StageWorker)  # only what _computing reads: the device and the speed
-    worker.device, worker.emulated_tflops = torch.device("cpu"), tflops
-    clock = _Clock()
+    passes = StagePasses.__new__(StagePasses)  # only what `computing` reads: the device and the speed
+    passes.device, passes.emulated_tflops = torch.device("cpu"), tflops
 
-    async def compute() -> None:
-        _CLOCK.set(clock)
-        assert await worker._computing(work, seconds, flops=0.3e9) == "done"
+    async def compute() -> float:
+        clock = start_clock()
+        assert await passes.computing(work, seconds, flops=0.3e9) == "done"
+        return clock.compute_s
 
-    asyncio.run(compute())
-    return clock.compute_s
+    return asyncio.run(compute())
 
 
 def work(seconds: float) -> str:

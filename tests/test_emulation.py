@@ -6,8 +6,8 @@ import asyncio
 import pytest
 
 from hetswarm.client.peer.emulation import LinkShaper, SiteLinks
-from hetswarm.coordinator.network import load_network
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.network import load_network
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import pytest
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.coordinator import Payloads, SearchConfig, cost_plan, find_plan, load_network
 from hetswarm.coordinator.cost_model import PaperCostModel
-from hetswarm.coordinator.network import SCENARIOS
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import SCENARIOS
 
 pytestmark = pytest.mark.swarm
 

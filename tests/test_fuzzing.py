@@ -1,6 +1,6 @@
-"""The record validators, the frame decoder, the vote reader, the judge of shown failure votes and the reader of
-part statements answer random and mutated input with a verdict, never a crash (tests/helpers/fuzzing.py); bounded
-here, longer in benchmarks/fuzz.py."""
+"""The record validators, the frame decoder, the vote reader, the judge of shown failure votes, the reader of part
+statements and the reader of the other calls' messages answer random and mutated input with a verdict, never a crash
+(tests/helpers/fuzzing.py); bounded here, longer in benchmarks/fuzz.py."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hypothesis import HealthCheck, given, settings
 
 from hetswarm.client.peer.hivemind_compat import load_identity
+from hetswarm.protocol.rpc_messages import RpcMessage, encode_message, read_message
 from tests.helpers.fuzzing import (
+    RPC_EXAMPLES,
     check_evidence,
     check_frame,
     check_statement,
@@ -68,3 +70,12 @@ def test_the_judge_of_shown_failure_votes_answers_every_record_with_a_verdict(ke
 def test_the_reader_of_part_statements_answers_every_input_with_a_verdict(key):
     assert check_statement(valid_statement(key), key)  # the unmutated statement is its sender's
     assert not all(_verdicts(key, "part statements"))
+
+
+def test_the_reader_of_call_messages_answers_every_input_with_a_verdict(key):
+    """Every message type of protocol/rpc_messages.py: a valid message reads back as itself; mutated ones get a
+    verdict, some of them a refusal."""
+    assert set(RPC_EXAMPLES) == set(RpcMessage.__subclasses__())  # a new message type is fuzzed too
+    for kind, message in RPC_EXAMPLES.items():
+        assert read_message(kind, encode_message(message)) == message
+    assert not all(_verdicts(key, "rpc messages"))

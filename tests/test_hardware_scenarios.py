@@ -1,18 +1,18 @@
-"""Scenarios with mixed GPUs (coordinator/network.py): each borrows a paper network's links device for device and
+"""Scenarios with mixed GPUs (protocol/network.py): each borrows a paper network's links device for device and
 gives every device a GPU with its datasheet figures, cited in the file; the scheduler's loaders read them by name."""
 import json
 
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.network import (
+from hetswarm.coordinator.swarm_view import load_hardware
+from hetswarm.protocol.network import (
     HARDWARE_SCENARIOS,
     PAPER_SCENARIOS,
     InvalidNetwork,
     load_network,
     load_scenario,
 )
-from hetswarm.coordinator.swarm_view import load_hardware
 
 
 @pytest.mark.parametrize("name", list(HARDWARE_SCENARIOS))

@@ -19,8 +19,10 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.coordinator.broadcaster import build_assignment, troubles
-from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.assignment_record import build_assignment
+from hetswarm.coordinator.broadcaster import troubles
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.identity import peer_id_of

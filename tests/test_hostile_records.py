@@ -14,7 +14,8 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.admission import Admission, load_allow_list
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
-from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.run_state import highest_followed_version
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import peer_id_of

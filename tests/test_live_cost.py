@@ -6,9 +6,9 @@ import pytest
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import cost_plan
 from hetswarm.protocol.model_config import ModelConfig
+from hetswarm.protocol.network import Network
 
 # 2 layers of d=4: 12·16 + 13·4 = 244 params each; embedding (8 + 4)·4 = 48 on stage 0, head 2·4 + 4·8 = 40 on stage 1.
 MODEL = ModelConfig(name="hand", n_layers=2, d_model=4, n_heads=1, seq_len=4, vocab_size=8, batch_tokens=8,

@@ -23,11 +23,11 @@ from hetswarm.coordinator.live_cost import (
 )
 from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
 from hetswarm.coordinator.neighbourhood import CachedEvaluator
-from hetswarm.coordinator.network import Network
 from hetswarm.coordinator.plan import plan_from_partition
 from hetswarm.coordinator.scheduler import WAY_MARGIN, find_plan, find_shaped_plan
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import Network
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 from tests.helpers.scheduler_oracles import balanced_partitions
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from hetswarm.client.cli.render import render, training_state_line
-from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.client.monitor.render import render, training_state_line
+from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress, Refusals
 from hetswarm.protocol.wire_format import WireFormat

@@ -8,7 +8,8 @@ import pytest
 
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, stage_memory_bytes
 from hetswarm.coordinator.live_objective import execution_options
-from hetswarm.coordinator.planner import PLACEMENTS, PlannerConfig, Replanner, propose
+from hetswarm.coordinator.planner import PLACEMENTS, PlannerConfig, propose
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.scheduler import candidate_shapes, shapes_in_time, speed_tiers
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view

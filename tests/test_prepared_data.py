@@ -24,7 +24,7 @@ from hetswarm.client.training.errors import StageError
 from hetswarm.client.training.hf_folder import export_folder, sample
 from hetswarm.client.training.model import build_stage
 from hetswarm.client.training.prepared_data import END_OF_TEXT, PreparedData, prepare, read_documents
-from hetswarm.client.training.stage_worker import check_data
+from hetswarm.client.training.stage_start import check_data
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.model_config import ModelConfig
 from tests.helpers.golden_runs import LR3_CONFIG

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.coordinator.network import RejectedInput
+from hetswarm.protocol.network import RejectedInput
 
 runner = CliRunner()
 CASE1 = str(resources.files("hetswarm.coordinator").joinpath("scenarios", "case1_datacenter_on_demand.json"))

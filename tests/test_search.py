@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.network import load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.scheduler import find_plan
 from hetswarm.coordinator.search import SearchConfig, search
 from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.network import load_network
 from tests.helpers.scheduler_oracles import balanced_partitions, random_network
 
 PAYLOADS = Payloads(dp_bytes=0.4e9, pp_bytes=0.3e9)

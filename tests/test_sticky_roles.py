@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.sticky import (
     STATE_BYTES_PER_PARAM,
     Migration,

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.network import load_network
 from hetswarm.coordinator.swarm_view import DEFAULT_LATENCY_MS, build_view, load_hardware
+from hetswarm.protocol.network import load_network
 from tests.helpers.swarm_records import IDS, link, record
 
 

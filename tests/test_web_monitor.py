@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
-from hetswarm.client.cli.web import ProgressHistory, WebAddress, WebMonitor, serve_web
+from hetswarm.client.monitor.web import ProgressHistory, WebAddress, WebMonitor, serve_web
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SCHEMAS, SwarmRecords
 from hetswarm.protocol.records import Progress
@@ -283,4 +283,4 @@ def test_the_static_files_ship_in_the_wheel(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = tmp_path.glob("hetswarm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {f"hetswarm/client/cli/static/{name}" for name in ("index.html", "monitor.js", "monitor.css")} <= names
+    assert {f"hetswarm/client/monitor/static/{name}" for name in ("index.html", "monitor.js", "monitor.css")} <= names

@@ -9,9 +9,7 @@
  * export.py      - `hetswarm export`: checkpoints to a Hugging Face model folder
  * generate.py    - `hetswarm generate`: sample from an exported folder
  * data.py        - `hetswarm data prepare`: documents to token files with an index and a digest
- * web.py         - `monitor --web`: the live page and /api/v1/state (aiohttp; static/ holds its HTML, JS, CSS)
  * processes.py   - the processes behind the long-running commands: start-up order, signals, clean exits
- * render.py      - everything drawn for people: the monitor's tables, the demo's live view and summary
  * plots.py       - the demo's PNG (loss curves, measured vs predicted step time); matplotlib is optional
 
 Nothing outside this room imports it, but for the tests' one door into a process (`TEST_PLUGIN_ENV`).

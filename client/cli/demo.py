@@ -11,8 +11,8 @@ from rich.live import Live
 
 from hetswarm.client.cli.options import VerboseOpt, configure_logging, console, err_console
 from hetswarm.client.cli.plots import plot_line
-from hetswarm.client.cli.render import render_watch, summary_lines
 from hetswarm.client.local.demo import DEMO_COMPRESSION, DemoConfig, PhaseResult, run_swarm
+from hetswarm.client.monitor.render import render_watch, summary_lines
 from hetswarm.protocol.errors import RejectedInput
 
 _COMPARED_WITH = {"scheduled": "random", "paper": "scheduled", "random": "scheduled", "default": "scheduled"}

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.live import Live
 
-from hetswarm.client.cli.render import render
+from hetswarm.client.monitor.render import render
+from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.client.peer.emulation import SiteLinks
@@ -25,14 +26,14 @@ from hetswarm.client.peer.link_probe import unanswered
 from hetswarm.client.peer.metrics import ClientCollector, CoordinatorCollector, beside, serve_metrics
 from hetswarm.client.peer.node import NodeConfig, SwarmNode, identity_for, initial_peers_line, start_dht_for_process
 from hetswarm.client.peer.reachability import ReachabilityServicer, has_public_address, report_reachability
-from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.state_handoff import download_model
 from hetswarm.client.training.trainer import TrainingSetup
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
-from hetswarm.coordinator.planner import PlannerConfig, Replanner
+from hetswarm.coordinator.planner import PlannerConfig
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.keys import probe_namespace, reachability_namespace
 from hetswarm.protocol.model_config import ModelConfig
@@ -179,10 +180,10 @@ def bootstrap(node_config: NodeConfig) -> None:
 def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: float, settle_s: float = 3.0,
             coordinator: str | None = None, web: str | None = None) -> None:
     """A client-mode, read-only peer that prints the swarm once or keeps a live view until Ctrl+C; with `web`
-    (HOST:PORT) the live view is a page served there (client/cli/web.py) instead of the table."""
+    (HOST:PORT) the live view is a page served there (client/monitor/web.py) instead of the table."""
     if web is not None:
         # Imported here: aiohttp would add ~0.25 s to the start of every other command.
-        from hetswarm.client.cli.web import WebAddress, serve_web
+        from hetswarm.client.monitor.web import WebAddress, serve_web
         address = WebAddress.parse(web)  # a bad value fails before the DHT starts
     dht = start_dht_for_process(node_config, identity_for(node_config))
     records = SwarmRecords(dht, node_config.swarm)

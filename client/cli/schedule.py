@@ -20,7 +20,6 @@ from hetswarm.coordinator.baselines import default_placement, greedy_placement, 
 from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
 from hetswarm.coordinator.live_objective import Hardware
-from hetswarm.coordinator.network import SCENARIOS, Network, load_network
 from hetswarm.coordinator.paper_ga import paper_ga
 from hetswarm.coordinator.plan import Plan, plan_from_partition
 from hetswarm.coordinator.scheduler import ShapedResult, find_plan, find_shaped_plan
@@ -28,6 +27,7 @@ from hetswarm.coordinator.search import SearchConfig, SearchProgress
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
+from hetswarm.protocol.network import SCENARIOS, Network, load_network
 
 PAPER_MODEL = "paper-gpt3-xl"
 PAPER_DEVICES = 64

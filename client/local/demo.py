@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.held_out import swarm_held_out
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
-from hetswarm.client.peer.snapshot import SwarmSnapshot
 from hetswarm.coordinator.planner import PLACEMENTS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import peer_id_of

@@ -9,9 +9,9 @@
  * volunteer.py           - heartbeat, swarm view and probing loops of a joined peer
  * assignment_follower.py - accepts only the pinned coordinator's assignments, checked once on arrival
  * reachability.py        - can peers dial this one back? (asked on join, answered for others; the doctor's clock)
- * snapshot.py            - SwarmSnapshot: one typed read of a swarm's records (monitor, demo, scripts)
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)
  * peer_gate.py           - per-peer limits on a handler (streams at once, calls per second, who)
+ * served.py              - Served: a plan's handlers attached to the P2P while the plan runs, detached after
  * hivemind_compat/       - the one room that reaches into hivemind 1.1.12's internals (version-checked): p2pd
                             client repair and dial, stream message bound, DHT command pipe, identity files, the
                             all-reduce runner's hooks

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from hetswarm.coordinator.network import Network, load_network
 from hetswarm.protocol.errors import HetswarmError
+from hetswarm.protocol.network import Network, load_network
 from hetswarm.protocol.units import BITS_PER_MBIT, MBPS_PER_GBPS, MS_PER_S
 
 logger = logging.getLogger(__name__)

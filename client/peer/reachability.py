@@ -27,27 +27,31 @@ from typing import Literal
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import dht_pb2, runtime_pb2
-from hivemind.utils import MSGPackSerializer, get_dht_time
+from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
 from hetswarm.client.peer.emulation import EmulatedP2P
 from hetswarm.client.peer.hivemind_compat import ControlFailure, P2PDaemonError, dial
+from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.rpc_messages import (
+    DETAIL_CHARS,
+    MAX_DIAL_MADDRS,
+    DialBackAnswer,
+    DialBackRequest,
+    encode_message,
+    read_message,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 4096
-"""Largest dial-back request a checker reads: a handful of multiaddrs."""
-MAX_DIAL_MADDRS = 8
-"""Addresses a checker dials for one request; the rest are ignored."""
 MAX_CONCURRENT_CHECKS = 2
 """Dial-backs one peer runs at once (each starts a p2pd for a few seconds); more are answered `busy`."""
 PROBE_STARTUP_TIMEOUT_S = 8.0
 DIAL_TIMEOUT_S = 5.0
 ASK_TIMEOUT_S = PROBE_STARTUP_TIMEOUT_S + DIAL_TIMEOUT_S + 3.0
 """The asker's deadline for one answer: the checker's probe start-up and dial, plus the round trip."""
-DETAIL_CHARS = 300
 
 _PROBE_P2P_ARGS = dict(dht_mode="client", auto_nat=False, nat_port_map=False, use_relay=False, no_listen=True,
                        conn_manager=False, startup_timeout=PROBE_STARTUP_TIMEOUT_S)
@@ -62,20 +66,17 @@ class DialBack:
     detail: str
 
     def to_response(self) -> runtime_pb2.ExpertResponse:
-        return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps(
-            {"reachable": self.reachable, "detail": self.detail[:DETAIL_CHARS]}))
+        return runtime_pb2.ExpertResponse(metadata=encode_message(
+            DialBackAnswer(reachable=self.reachable, detail=self.detail[:DETAIL_CHARS])))
 
     @classmethod
     def from_response(cls, response: runtime_pb2.ExpertResponse) -> DialBack:
         """The answer of a checker, which may be anything: a malformed one counts as no answer."""
         try:
-            answer = MSGPackSerializer.loads(response.metadata[:MAX_REQUEST_BYTES])
-            reachable, detail = answer["reachable"], answer["detail"]
-        except Exception:  # msgpack raises several types on garbage
+            answer = read_message(DialBackAnswer, response.metadata)
+        except RejectedInput:
             return cls(None, "malformed answer")
-        if reachable not in (True, False, None) or not isinstance(detail, str):
-            return cls(None, "malformed answer")
-        return cls(reachable, detail[:DETAIL_CHARS])
+        return cls(answer.reachable, answer.detail)
 
 
 def direct_tcp_maddr(text: str, peer: PeerID, *, public_only: bool = False) -> Multiaddr | None:
@@ -155,16 +156,11 @@ class ReachabilityServicer(ServicerBase):
         """Dials the asker (never anyone else: context.remote_id is authenticated) on the addresses it lists."""
         asker = context.remote_id
         try:
-            if len(request.metadata) > MAX_REQUEST_BYTES:
-                return DialBack(None, f"request over {MAX_REQUEST_BYTES} bytes").to_response()
             try:
-                listed = MSGPackSerializer.loads(request.metadata)
-            except Exception:
-                listed = None
-            if not isinstance(listed, list) or not all(isinstance(text, str) for text in listed):
-                return DialBack(None, "bad request: expected a list of multiaddrs").to_response()
-            targets = [m for m in (direct_tcp_maddr(text, asker, public_only=self.public_only)
-                                   for text in listed[:MAX_DIAL_MADDRS]) if m]
+                listed = read_message(DialBackRequest, request.metadata).maddrs
+            except RejectedInput as e:
+                return DialBack(None, f"bad request: {e}").to_response()
+            targets = [m for m in (direct_tcp_maddr(text, asker, public_only=self.public_only) for text in listed) if m]
             if not targets:
                 kind = "public " if self.public_only else ""
                 return DialBack(False, f"it announces no direct {kind}/ip4|ip6/HOST/tcp/PORT address").to_response()
@@ -186,7 +182,7 @@ async def ask_dial_back(p2p: P2P | EmulatedP2P, checker: PeerID, *, namespace: s
                         timeout_s: float = ASK_TIMEOUT_S) -> DialBack:
     """`checker`'s answer to "dial me back on `maddrs`"; a checker that does not answer gives DialBack(None, why)."""
     stub = ReachabilityServicer.get_stub(p2p, checker, namespace=namespace)
-    request = runtime_pb2.ExpertRequest(metadata=MSGPackSerializer.dumps(maddrs[:MAX_DIAL_MADDRS]))
+    request = runtime_pb2.ExpertRequest(metadata=encode_message(DialBackRequest(maddrs=maddrs[:MAX_DIAL_MADDRS])))
     try:
         async with asyncio.timeout(timeout_s):
             return DialBack.from_response(await stub.rpc_check_reachability(request))

@@ -22,7 +22,11 @@ llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a
  * step_commit.py       - all-or-nothing steps: the plan-wide commit vote over (step, attempt)
  * replica_sync.py      - replicas compare state hashes and a differing one is resynchronised
  * pipeline_schedule.py - the order of a stage's forward and backward passes: GPipe or 1F1B
- * stage_worker.py      - one stage's step, composed from the pieces above
+ * step_clock.py        - where a step's time goes: compute, waiting, the neighbours' timings
+ * stage_passes.py      - a stage's forward and backward passes of one step, in its schedule, with its frames
+ * run_ahead.py         - a single stage's next step computed while the plan votes on this one
+ * stage_worker.py      - one stage's step: passes, all-reduce, vote, apply; retried attempts
+ * stage_start.py       - this peer's stage of a plan built from the assignment, serving once its peers answer
  * stage_state.py       - a stage's parameters and optimizer state as named tensors: hashed, encoded, re-cut
  * state_handoff.py     - a peer that takes a stage downloads its state from the replicas that hold it
  * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background, and

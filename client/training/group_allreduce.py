@@ -38,6 +38,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.asyncio import achain, as_aiter
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.client.peer.served import Served
 from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.exact_allreduce import MAX_PART_NORM_RATIO, ExactAllReduceRunner, RecordingCompression
@@ -184,7 +185,7 @@ class GroupRouter(ServicerBase):
         return shown_part(answers.runner, part_index, sender_index)
 
 
-class StageGroup:
+class StageGroup(Served):
     """The replicas of one stage, averaging their gradients once per step."""
 
     def __init__(
@@ -218,11 +219,9 @@ class StageGroup:
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
         self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s, answer_wait_s=reducer_timeout_s)
 
-    async def attach(self) -> None:
-        await self.router.add_p2p_handlers(self.p2p, namespace=self.namespace)
-
-    async def detach(self) -> None:
-        await self.router.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+    @property
+    def handlers(self) -> GroupRouter:
+        return self.router
 
     def group_id(self, step: int, attempt: int = 0) -> GroupID:
         return hashlib.sha256(f"{self.round_tag}/step{step}/attempt{attempt}".encode()).digest()

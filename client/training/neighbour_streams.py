@@ -40,6 +40,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from hivemind.utils.asyncio import as_aiter
 
+from hetswarm.client.peer.served import Served
 from hetswarm.client.training.activation_deltas import RESEND_WHOLE, DeltaBase, DeltaBuffers, Sample
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError, dial_failed
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
@@ -261,7 +262,7 @@ async def send_frame(
         return
 
 
-class NeighbourStreams:
+class NeighbourStreams(Served):
     """The worker's side of its two pipeline links: send to a neighbour, take what the neighbours sent."""
 
     def __init__(self, p2p: P2P, plan: StreamPlan, *, namespace: str, frame_timeout_s: float) -> None:
@@ -270,11 +271,9 @@ class NeighbourStreams:
         self.deltas = plan.delta_buffers(plan.next)
         """The sending end of the activation link to the next stage, when the plan sends deltas."""
 
-    async def attach(self) -> None:
-        await self.servicer.add_p2p_handlers(self.p2p, namespace=self.namespace)
-
-    async def detach(self) -> None:
-        await self.servicer.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+    @property
+    def handlers(self) -> ActivationServicer:
+        return self.servicer
 
     def advance_to(self, step: int, attempt: int = 0) -> None:
         """Moves the accepted window to [(step, attempt), step + 1] and forgets frames of earlier steps and

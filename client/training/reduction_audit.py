@@ -24,7 +24,6 @@ reducer's own error-feedback residual to its averages, which no auditor can know
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from hivemind.proto import runtime_pb2
 from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, wire_bytes, wire_dtype_name
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.part_statements import part_digest, read_statement
+from hetswarm.protocol.rpc_messages import RevealRequest, encode_message, read_message
 
 if TYPE_CHECKING:
     from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner
@@ -47,7 +47,6 @@ __all__ = ["AUDIT_TOLERANCE", "audit_reducer", "audit_targets", "parse_reveal_re
 AUDIT_TOLERANCE = 1e-5
 """How far, relative to its norm, a re-reduced average may be from the reducer's: CenteredClip adds parts in the order
 they arrived, so two honest reductions may differ in the last bits."""
-_MAX_REQUEST_BYTES = 1024
 
 
 def audit_targets(parts_by_peer: list[int], me: int) -> dict[int, int]:
@@ -58,8 +57,8 @@ def audit_targets(parts_by_peer: list[int], me: int) -> dict[int, int]:
 
 
 def reveal_request(group_id: bytes, part_index: int, sender_index: int) -> runtime_pb2.ExpertRequest:
-    return runtime_pb2.ExpertRequest(metadata=json.dumps(
-        {"group": group_id.hex(), "part": part_index, "sender": sender_index}).encode())
+    return runtime_pb2.ExpertRequest(metadata=encode_message(
+        RevealRequest(group=group_id.hex(), part=part_index, sender=sender_index)))
 
 
 def parse_reveal_request(request: runtime_pb2.ExpertRequest) -> tuple[bytes, int, int]:
@@ -68,16 +67,8 @@ def parse_reveal_request(request: runtime_pb2.ExpertRequest) -> tuple[bytes, int
     Raises:
         RejectedInput: a malformed request.
     """
-    try:
-        if len(request.metadata) > _MAX_REQUEST_BYTES:
-            raise ValueError(f"{len(request.metadata)} bytes")
-        asked = json.loads(request.metadata)
-        group_id, indices = bytes.fromhex(asked["group"]), (asked["part"], asked["sender"])
-        if not all(isinstance(index, int) and index >= 0 for index in indices):
-            raise ValueError(f"indices {indices!r}")
-    except (ValueError, KeyError, TypeError) as e:
-        raise RejectedInput(f"a malformed request to show a part ({e})") from None
-    return group_id, *indices
+    asked = read_message(RevealRequest, request.metadata)
+    return bytes.fromhex(asked.group), asked.part, asked.sender
 
 
 def shown_part(runner: ExactAllReduceRunner, part_index: int, sender_index: int) -> runtime_pb2.ExpertResponse:

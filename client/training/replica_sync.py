@@ -15,7 +15,6 @@ it before every member has voted, so its state (and its snapshot) is still that 
 """
 import asyncio
 import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from typing import AsyncIterator
@@ -24,7 +23,10 @@ import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
+from hetswarm.client.peer.served import Served
 from hetswarm.client.training.stage_state import StageState, byte_parts, decode_tensors, majority_digest
+from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.rpc_messages import StepQuery, encode_message, read_message
 
 __all__ = ["ReplicaSync", "check_salt"]
 
@@ -37,7 +39,7 @@ def check_salt(round_tag: str, step: int) -> str:
     return f"{round_tag}/replicas after step {step}"
 
 
-class ReplicaSync(ServicerBase):
+class ReplicaSync(Served, ServicerBase):
     """Compares this replica's state with the other replicas of its stage, and repairs it when it differs."""
 
     def __init__(self, p2p: P2P, members: Sequence[PeerID], module: torch.nn.Module,
@@ -52,11 +54,6 @@ class ReplicaSync(ServicerBase):
         self._checked: dict[int, tuple[bytes, bytes]] = {}  # step -> (digest, encoded state)
         self._changed = asyncio.Event()
 
-    async def attach(self) -> None:
-        await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
-
-    async def detach(self) -> None:
-        await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
 
     async def check(self, step: int) -> bool:
         """Compares states after ``step`` with the other replicas; returns True when this one was resynchronised."""
@@ -91,7 +88,7 @@ class ReplicaSync(ServicerBase):
     async def _digest_of(self, peer: PeerID, step: int) -> bytes | None:
         stub = ReplicaSync.get_stub(self.p2p, peer, namespace=self.namespace)
         try:
-            response = await stub.rpc_digest(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode()),
+            response = await stub.rpc_digest(runtime_pb2.ExpertRequest(metadata=encode_message(StepQuery(step=step))),
                                              timeout=self.timeout_s)
         except Exception as e:
             logger.debug(f"No state hash from {peer}: {e!r}", exc_info=True)
@@ -104,7 +101,7 @@ class ReplicaSync(ServicerBase):
         parts = []
         try:
             async with asyncio.timeout(self.timeout_s):
-                async for part in await stub.rpc_state(runtime_pb2.ExpertRequest(metadata=json.dumps(step).encode())):
+                async for part in await stub.rpc_state(runtime_pb2.ExpertRequest(metadata=encode_message(StepQuery(step=step)))):
                     parts.append(part.metadata)
         except Exception as e:
             logger.warning(f"{peer} did not send its state after step {step}: {e!r}")
@@ -122,8 +119,9 @@ class ReplicaSync(ServicerBase):
         if context.remote_id not in self.members:
             return None
         try:
-            step = json.loads(request.metadata)
-        except ValueError:
+            step = read_message(StepQuery, request.metadata).step
+        except RejectedInput as e:
+            logger.info(f"Refused a state question from {context.remote_id}: {e}")
             return None
         try:
             async with asyncio.timeout(self.timeout_s):

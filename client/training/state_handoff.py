@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections import Counter
@@ -50,13 +49,21 @@ from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.records import Assignment, CheckpointRoot
+from hetswarm.protocol.rpc_messages import (
+    HeldUnit,
+    NewestState,
+    StateInfo,
+    StateInfoRequest,
+    UnitRequest,
+    encode_message,
+    read_message,
+)
 
 __all__ = ["Agreement", "HandoffReport", "StateServer", "StateStore", "StateUnavailable", "agree_on_step", "fetch_model",
            "fetch_state", "unit_byte_limit"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_REQUEST_BYTES = 64 * 1024
 _STATES_PER_STAGE = 2
 _STAGES_KEPT = 2
 _CONCURRENT_UPLOADS = 4
@@ -170,27 +177,27 @@ class StateServer(ServicerBase):
 
     async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
-            asked = _parse(request.metadata)
-            step, units = int(asked["step"]), [str(unit) for unit in asked["units"]][:1024]
-        except (RejectedInput, KeyError, TypeError, ValueError) as e:
+            asked = read_message(StateInfoRequest, request.metadata)
+        except RejectedInput as e:
             logger.info(f"Refused a state request from {context.remote_id}: {e}")
             return runtime_pb2.ExpertResponse()
-        held = {unit: [digest, len(blob)] for unit, (blob, digest) in (await self._encodings(step, units)).items()}
-        return runtime_pb2.ExpertResponse(metadata=json.dumps(held).encode())
+        held = {unit: HeldUnit(digest=digest, size=len(blob))
+                for unit, (blob, digest) in (await self._encodings(asked.step, list(asked.units))).items()}
+        return runtime_pb2.ExpertResponse(metadata=encode_message(StateInfo(held=held)))
 
     async def rpc_state_newest(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                                ) -> runtime_pb2.ExpertResponse:
-        return runtime_pb2.ExpertResponse(metadata=json.dumps(
-            {"version": self.store.version, "newest": self.store.newest_step}).encode())
+        return runtime_pb2.ExpertResponse(metadata=encode_message(
+            NewestState(version=self.store.version, newest=self.store.newest_step)))
 
     async def rpc_state_unit(self, request: runtime_pb2.ExpertRequest, context: P2PContext
                              ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         try:
-            asked = _parse(request.metadata)
-            step, unit, digest = int(asked["step"]), str(asked["unit"]), str(asked["digest"])
-        except (RejectedInput, KeyError, TypeError, ValueError) as e:
+            asked = read_message(UnitRequest, request.metadata)
+        except RejectedInput as e:
             logger.info(f"Refused a state request from {context.remote_id}: {e}")
             return
+        step, unit, digest = asked.step, asked.unit, asked.digest
         with self.downloads.enter(context.remote_id.to_base58()) as refused:
             if refused:
                 return
@@ -392,9 +399,8 @@ async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | No
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
     try:
         response = await stub.rpc_state_newest(runtime_pb2.ExpertRequest())
-        answer = _parse(response.metadata)
-        newest = answer["newest"]
-        return int(answer["version"]), None if newest is None else int(newest)
+        answer = read_message(NewestState, response.metadata)
+        return answer.version, answer.newest
     except Exception as e:
         logger.debug(f"No newest step from {peer}: {e!r}")
         return _GONE if dial_failed(e) else None
@@ -403,11 +409,12 @@ async def _newest(p2p: P2P, peer: PeerID, namespace: str) -> tuple[int, int | No
 async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespace: str, timeout_s: float
                 ) -> dict[str, tuple[str, int]]:
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
-    request = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": step, "units": list(units)}).encode())
+    request = runtime_pb2.ExpertRequest(metadata=encode_message(StateInfoRequest(step=step, units=list(units))))
     try:
         response = await stub.rpc_state_info(request, timeout=timeout_s)
-        held = _parse(response.metadata) if response.metadata else {}
-        return {str(unit): (str(digest), int(size)) for unit, (digest, size) in held.items()}
+        if not response.metadata:  # refused, or busy
+            return {}
+        return {unit: (held.digest, held.size) for unit, held in read_message(StateInfo, response.metadata).held.items()}
     except Exception as e:  # a dead or hostile candidate offers nothing
         logger.debug(f"No state info from {peer}: {e!r}")
         return {}
@@ -416,7 +423,7 @@ async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespa
 async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str, size: int, namespace: str,
                     timeout_s: float) -> bytes | None:
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
-    request = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": step, "unit": unit, "digest": digest}).encode())
+    request = runtime_pb2.ExpertRequest(metadata=encode_message(UnitRequest(step=step, unit=unit, digest=digest)))
     received = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
@@ -429,12 +436,3 @@ async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str
         logger.debug(f"Download of {unit} from {peer} failed: {e!r}")
         return None
     return bytes(received)
-
-
-def _parse(metadata: bytes) -> dict:
-    if len(metadata) > _MAX_REQUEST_BYTES:
-        raise RejectedInput(f"{len(metadata)} bytes of request metadata")
-    data = json.loads(metadata)
-    if not isinstance(data, dict):
-        raise RejectedInput("request metadata is not an object")
-    return data

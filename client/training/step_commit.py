@@ -40,6 +40,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
+from hetswarm.client.peer.served import Served
 from hetswarm.client.training.errors import CommitUnknown
 from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.vote_signing import forgery, signed_vote
@@ -61,7 +62,7 @@ _STEPS_AHEAD = 2
 """How far past the step a board is at a vote may be (a neighbour that finished first is one step ahead)."""
 
 
-class CommitBoard(ServicerBase):
+class CommitBoard(Served, ServicerBase):
     """This peer's view of the votes of the plan's members; namespaced per swarm and assignment."""
 
     def __init__(self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, private_key: RSAPrivateKey) -> None:
@@ -86,9 +87,6 @@ class CommitBoard(ServicerBase):
         """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote
         (`detach` waits for them)."""
 
-    async def attach(self) -> None:
-        await self.add_p2p_handlers(self.p2p, namespace=self.namespace)
-
     async def detach(self) -> None:
         """Stops serving once the exchanges in flight are answered (or time out): a member that decided first and
         leaves at once (its last step, a new plan) must not take its vote away before the others have it."""
@@ -96,7 +94,7 @@ class CommitBoard(ServicerBase):
             await asyncio.wait(list(self._calls.values()), timeout=_CALL_TIMEOUT_S)
         for call in list(self._calls.values()):
             call.cancel()
-        await self.remove_p2p_handlers(self.p2p, namespace=self.namespace)
+        await super().detach()
 
     def record(self, key: StepKey, votes: Iterable[SignedVote], *, relayer: PeerID) -> None:
         """Merges the votes `relayer` brought that their members signed; a member's first vote for a key stands."""

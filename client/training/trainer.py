@@ -38,8 +38,9 @@ from hetswarm.client.peer.node import SwarmNode
 from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import CommitUnknown, StageError, StepAborted
+from hetswarm.client.training.stage_start import start_stage
 from hetswarm.client.training.stage_state import StageState, merged, units_of_layers
-from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport, start_stage
+from hetswarm.client.training.stage_worker import StageConfig, StageWorker, StepReport
 from hetswarm.client.training.state_handoff import (
     HandoffReport,
     StateServer,

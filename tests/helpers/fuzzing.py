@@ -1,8 +1,9 @@
 """Fuzz targets of the parsers that take bytes from strangers: the record validators every DHT node runs
 (protocol/signing.py, with the schemas of protocol/records.py), the frame decoder (protocol/framing.py), the
 commit votes' reader and signature check (protocol/votes.py, protocol/vote_signing.py), the coordinator's
-judgement of the failure votes a Progress record shows (coordinator/failure_votes.py), and the reader of the signed
-statements of all-reduce parts (protocol/part_statements.py).
+judgement of the failure votes a Progress record shows (coordinator/failure_votes.py), the reader of the signed
+statements of all-reduce parts (protocol/part_statements.py), and the reader of every other call's message
+(protocol/rpc_messages.py).
 
 A target passes when the parser answers every input with a verdict (a bool, a ValidationError, a FrameError)
 and never with another exception. tests/test_fuzzing.py runs them for a bounded number of inputs;
@@ -32,6 +33,20 @@ from hetswarm.protocol.keys import commit_namespace, dht_key
 from hetswarm.protocol.part_statements import part_digest, read_statement, signed_statement
 from hetswarm.protocol.record_store import SCHEMAS, owner_subkey
 from hetswarm.protocol.records import Assignment, Hardware, LinkMeasurement, PeerRecord, Progress
+from hetswarm.protocol.rpc_messages import (
+    DialBackAnswer,
+    DialBackRequest,
+    HeldUnit,
+    NewestState,
+    RevealRequest,
+    RpcMessage,
+    StateInfo,
+    StateInfoRequest,
+    StepQuery,
+    UnitRequest,
+    encode_message,
+    read_message,
+)
 from hetswarm.protocol.signing import make_validators
 from hetswarm.protocol.vote_signing import forgery, signed_vote
 from hetswarm.protocol.votes import AbortedAttempt, VoteMessage, read_votes
@@ -298,6 +313,48 @@ def check_statement(raw: bytes, key: RSAPrivateKey) -> bool:
     return True
 
 
+# ---- messages of the calls without tensors --------------------------------------------------------------------
+
+RPC_EXAMPLES: dict[type[RpcMessage], RpcMessage] = {message.__class__: message for message in (
+    StepQuery(step=5),
+    StateInfoRequest(step=5, units=["embed", "blocks.0", "head"]),
+    StateInfo(held={"blocks.0": HeldUnit(digest="ab" * 32, size=1024)}),
+    NewestState(version=3, newest=None),
+    UnitRequest(step=5, unit="blocks.1", digest="cd" * 32),
+    RevealRequest(group="07" * 32, part=2, sender=1),
+    DialBackRequest(maddrs=["/ip4/127.0.0.1/tcp/1"]),
+    DialBackAnswer(reachable=None, detail="busy"),
+)}
+"""A valid message of every type protocol/rpc_messages.py reads."""
+
+
+@st.composite
+def rpc_message_inputs(draw) -> tuple[type[RpcMessage], bytes]:
+    """A message type, and a valid message of it with bytes flipped or a field replaced, or random bytes."""
+    kind = draw(st.sampled_from(sorted(RPC_EXAMPLES, key=lambda k: k.__name__)))
+    raw = encode_message(RPC_EXAMPLES[kind])
+    match draw(st.sampled_from(["bytes", "field", "raw"])):
+        case "bytes":
+            for _ in range(draw(st.integers(1, 8))):
+                raw = _flip(raw, draw(st.integers(0, 10**6)), draw(st.integers(0, 255)))
+            return kind, raw
+        case "field":
+            message = json.loads(raw)
+            message[draw(st.sampled_from([*message, "x"]))] = draw(values)
+            return kind, json.dumps(message, allow_nan=True, default=str).encode()
+    return kind, draw(st.binary(max_size=2000))
+
+
+def check_rpc_message(drawn: tuple[type[RpcMessage], bytes]) -> bool:
+    """True if the bytes read as a message of the type, False if refused; any other exception propagates."""
+    kind, raw = drawn
+    try:
+        read_message(kind, raw)
+    except RejectedInput:
+        return False
+    return True
+
+
 def targets(key: RSAPrivateKey) -> dict[str, tuple[st.SearchStrategy, Callable[[object], bool]]]:
     """Each fuzz target by name: the inputs it is fed and the check that gives a verdict on one (`key` is the
     identity that signs the valid records and votes the inputs start from)."""
@@ -308,4 +365,5 @@ def targets(key: RSAPrivateKey) -> dict[str, tuple[st.SearchStrategy, Callable[[
         "vote reader": (vote_inputs(key), check_votes),
         "shown failure votes": (evidence_inputs(key), lambda value: check_evidence(value, key)),
         "part statements": (statement_inputs(key), lambda value: check_statement(value, key)),
+        "rpc messages": (rpc_message_inputs(), check_rpc_message),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from hetswarm.client.peer.emulation import SiteLinks
-from hetswarm.coordinator.broadcaster import build_assignment
+from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, propose
 from hetswarm.coordinator.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from hetswarm.coordinator.network import Network
+from hetswarm.protocol.network import Network
 
 
 def random_network(n: int, seed: int, *, sites: int = 0) -> Network:

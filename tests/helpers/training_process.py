@@ -28,7 +28,8 @@ from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import FrameRefused, PartialAllReduce, StepAborted
 from hetswarm.client.training.group_allreduce import ExactAllReduceRunner, StageGroup
 from hetswarm.client.training.neighbour_streams import NeighbourStreams
-from hetswarm.client.training.stage_worker import StageConfig, StepReport, start_stage
+from hetswarm.client.training.stage_start import start_stage
+from hetswarm.client.training.stage_worker import StageConfig, StepReport
 from hetswarm.protocol.codecs import encode_tensor
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment

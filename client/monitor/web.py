@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from hivemind.utils import get_dht_time
 
-from hetswarm.client.peer.snapshot import SwarmSnapshot
+from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerId, Progress

@@ -156,7 +156,7 @@ def load_scenario(scenario: str) -> tuple[dict[str, Any], str]:
         data, label = _read_json(path.read_text(), scenario), path.stem
     else:
         label = _short_name(scenario)
-        packaged = resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS[label]).read_text()
+        packaged = resources.files("hetswarm.protocol").joinpath("scenarios", SCENARIOS[label]).read_text()
         data = _read_json(packaged, scenario)
     if isinstance(data, dict) and "network" in data and "latency_ms_matrix" not in data:
         base, _ = load_scenario(str(data["network"]))

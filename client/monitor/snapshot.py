@@ -2,25 +2,24 @@
 
 `SwarmSnapshot.to_json` is the shape `hetswarm monitor --json` prints: beside the peers and their links, the
 current assignment (the pinned coordinator's, or the newest version anyone published) with the stage × replica
-grid of peer names and sites, each pipeline's chain, the bottleneck link priced on the links as the coordinator
-sees them (unmeasured ones estimated and flagged), the predicted step time, and the training state: the step, the
-newest checkpoint that covers the model, the live replicas of each stage, and where each member's state came from.
+grid of peer names and sites, each pipeline's chain, the plan's price as its coordinator published it (the predicted
+step, its breakdown, the bottleneck hop, all under the plan's wire), and the training state: the step, the newest
+checkpoint that covers the model, the live replicas of each stage, and where each member's state came from. The
+links the coordinator estimates rather than measured are listed beside the measured ones.
 """
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.client.peer.held_out import swarm_held_out
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.plan import cost_plan
 from hetswarm.coordinator.state_plan import newest_complete_checkpoint
-from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
+from hetswarm.coordinator.swarm_view import build_view, trainable_peers
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
@@ -110,7 +109,7 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
             for (i, j), how in sorted(view.estimated.items())],
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
         "pinned_coordinator": coordinator,
-        "assignment": _current_assignment(assignment, records, view, progress),
+        "assignment": _current_assignment(assignment, records, progress),
         "progress": [p.dict() for p in progress.values()],
         "refused": _judged(snapshot, judge, "refused"),
         "flagged": _judged(snapshot, judge, "flagged"),
@@ -128,9 +127,9 @@ def _judged(snapshot: SwarmSnapshot, coordinator: PeerId | None, kind: str) -> l
             for peer, reason in sorted(getattr(refusals, kind).items())]
 
 
-def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord], view: SwarmView | None,
+def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRecord],
                         progress: dict[str, Progress]) -> dict[str, Any] | None:
-    """The assignment to show, with names, sites and its bottleneck link filled in from the peers' records."""
+    """The assignment to show, with names and sites filled in from the peers' records."""
     if assignment is None:
         return None
 
@@ -139,7 +138,6 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         return {"peer_id": peer, "name": record.public_name if record else None, "site": record.site if record else None,
                 "alive": record is not None and record.state != "leaving"}
 
-    placed = [peer for chain in assignment.pipelines for peer in chain]
     return {
         "version": assignment.version, "coordinator_id": assignment.coordinator_id, "reason": assignment.reason,
         "d_pp": assignment.d_pp, "d_dp": assignment.d_dp, "stage_layers": assignment.stage_layers,
@@ -149,7 +147,7 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
         "grid": [[who(chain[stage]) for chain in assignment.pipelines] for stage in range(assignment.d_pp)],
         "pipelines": [[who(peer) for peer in chain] for chain in assignment.pipelines],
         "standbys": [who(p) for p in sorted(records) if p not in assignment.roles and records[p].state != "leaving"],
-        "bottleneck_link": _bottleneck(assignment, view, placed, who),
+        "bottleneck_link": _bottleneck(assignment, who),
         "followers": sum(r.assignment_version == assignment.version for r in records.values()),
         "training_state": _training_state(assignment, records, progress),
         "held_out": None if (held_out := swarm_held_out(assignment, progress)) is None else
@@ -196,20 +194,10 @@ def _training_state(assignment: Assignment, records: dict[str, PeerRecord], prog
     }
 
 
-def _bottleneck(assignment: Assignment, view: SwarmView | None, placed: list[str], who) -> dict[str, Any] | None:
-    """The slowest pipeline hop of the assignment on the current links; None if a placed peer has gone."""
-    if assignment.d_pp < 2 or view is None or not set(placed) <= set(view.peer_ids):
+def _bottleneck(assignment: Assignment, who: Callable[[str], dict[str, Any]]) -> dict[str, Any] | None:
+    """The plan's slowest hop as its coordinator priced it (protocol/records.py, BottleneckHop), with its ends."""
+    hop = assignment.bottleneck
+    if hop is None:
         return None
-    try:
-        model = assignment.model_config()
-    except (TypeError, ValueError):
-        return None
-    peers = view.subset(placed)
-    grid = np.arange(len(placed)).reshape(assignment.d_dp, assignment.d_pp).T  # placed is pipeline-major
-    payloads = Payloads.from_model(model, d_dp=assignment.d_dp, d_pp=assignment.d_pp)
-    plan = cost_plan(PaperCostModel(peers.network, payloads, d_dp=assignment.d_dp, d_pp=assignment.d_pp), grid)
-    a, b = plan.bottleneck.devices
-    return {"stage": plan.bottleneck.stage, "pipeline": plan.bottleneck.pipeline, "time_s": plan.bottleneck.time_s,
-            "src": who(placed[a]), "dst": who(placed[b]), "latency_ms": float(peers.network.latency_ms[a, b]),
-            "bandwidth_mbps": float(peers.network.bandwidth_gbps[a, b]) * MBPS_PER_GBPS,
-            "estimated": tuple(sorted((a, b))) in peers.estimated}
+    chain = assignment.pipelines[hop.pipeline]
+    return hop.dict() | {"src": who(chain[hop.stage]), "dst": who(chain[hop.stage + 1])}

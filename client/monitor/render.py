@@ -86,7 +86,7 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
         lines.append(f"bottleneck link: stage {link['stage']}→{link['stage'] + 1} of pipeline {link['pipeline']}, "
                      f"{label(link['src'])} → {label(link['dst'])}: {link['latency_ms']:.0f} ms, "
                      f"{link['bandwidth_mbps']:.0f} Mbit/s{' (estimated)' if link['estimated'] else ''}, "
-                     f"{link['time_s']:.3f} s per pass")
+                     f"{link['micro_batch_s']:.3f} s per micro-batch")
     parts = ", ".join(f"{k} {v:.3f}" for k, v in assignment["breakdown"].items() if k != "step_s")
     lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
                  f"{assignment['followers']} peers follow this version")

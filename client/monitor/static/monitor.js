@@ -284,7 +284,7 @@ function renderPlan(state) {
   if (b) {
     items.push(el("li", {class: "bottleneck"}, `bottleneck link: stage ${b.stage}→${b.stage + 1} of pipeline ` +
       `${b.pipeline}, ${peerLabel(b.src)} → ${peerLabel(b.dst)}: ${fmt(b.latency_ms, 0)} ms, ` +
-      `${fmt(b.bandwidth_mbps, 0)} Mbit/s${b.estimated ? " (estimated)" : ""}, ${fmt(b.time_s, 3)} s per pass`));
+      `${fmt(b.bandwidth_mbps, 0)} Mbit/s${b.estimated ? " (estimated)" : ""}, ${fmt(b.micro_batch_s, 3)} s per micro-batch`));
   }
   const parts = Object.entries(a.breakdown).filter(([k]) => k !== "step_s")
     .map(([k, v]) => `${k.replace(/_s$/, "").replace(/_/g, " ")} ${fmt(v, 3)}`).join(", ");
@@ -295,7 +295,7 @@ function renderPlan(state) {
   notes.replaceChildren(...items);
 }
 
-// The same line as the terminal's (training_state_line in client/cli/render.py).
+// The same line as the terminal's (training_state_line in client/monitor/render.py).
 const ORIGINS = {"seed": "from the seed", "kept": "kept", "handed off": "handed off", "checkpoint": "from checkpoints"};
 
 function trainingStateText(t) {
