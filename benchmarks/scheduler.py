@@ -62,7 +62,7 @@ def paper_scenarios(args: argparse.Namespace) -> list[str]:
 def geo_swarm(n_devices: int, seed: int) -> Network:
     """Devices spread over the ten regions of the paper's world-wide table (uneven counts), each behind its own
     access link: latency adds 0–2 ms per end, bandwidth is capped by either end's 1–4 Gbit/s access."""
-    scenario = resources.files("hetswarm.coordinator").joinpath("scenarios", PAPER_SCENARIOS["worldwide"])
+    scenario = resources.files("hetswarm.protocol").joinpath("scenarios", PAPER_SCENARIOS["worldwide"])
     data = json.loads(scenario.read_text())
     table = data["full_region_pair_table_including_unused"]
     regions = sorted({region for pair in table for region in pair.split("-")})

@@ -18,13 +18,16 @@ it plans over are hetswarm.protocol.network, since link emulation reads the same
  * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
  * failure_votes.py - the signed failure votes of aborted attempts, judged: who keeps the plan from committing
                      (imports hivemind, to check signatures)
- * run_state.py    - what a coordinator remembers across restarts; the start step that belongs to the plan
+ * run_state.py    - what a coordinator remembers across restarts (its state file); the start step of a plan
  * state_plan.py   - where a new plan's training state comes from: hand-off, checkpoints, or the seed; savers
  * checkpoint_ledger.py - the roots of the checkpoints the named savers wrote: what a resume may load
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled
  * admission.py    - who may be planned: everyone, or (closed) the allow-list and holders of our join tokens
  * claims.py       - claimed TFLOPS against reported compute times; liars priced by what they do
  * assignment_record.py - the signed Assignment built from a priced proposal, with the plan's one price
+ * recovery.py     - a restarted coordinator: versions above the swarm's, the plan in force taken over
+ * state_sourcing.py - where each new plan's state comes from, and what that needs remembered across plans
+ * refusals_board.py - the Refusals record: peers not planned or priced by what they do, with the reasons
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """

@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hivemind
-from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
@@ -43,45 +42,30 @@ from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.planner import Proposal
+from hetswarm.coordinator.recovery import recover, take_over
+from hetswarm.coordinator.refusals_board import RefusalsBoard
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
-from hetswarm.coordinator.run_state import (
-    CoordinatorState,
-    highest_followed_version,
-    load_state,
-    save_state,
-    standing,
-    start_step,
-)
+from hetswarm.coordinator.run_state import CoordinatorState, StateFile, highest_followed_version, load_state, start_step
 from hetswarm.coordinator.state_plan import (
     StatePlan,
     checkpoint_plan,
-    kept_state,
-    plan_state,
-    rollback_state,
 )
+from hetswarm.coordinator.state_sourcing import StateSourcing
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, short_id
-from hetswarm.protocol.limits import MAX_REFUSED_PER_RECORD
+from hetswarm.protocol.keys import PEERS_FIELD, PROGRESS_FIELD, short_id
 from hetswarm.protocol.record_store import SwarmRecords, check_ttl
 from hetswarm.protocol.records import (
     Aggregation,
     Assignment,
     PeerRecord,
     Progress,
-    Refusals,
 )
 
 __all__ = ["BroadcastConfig", "Broadcaster", "troubles"]
 
 logger = logging.getLogger(__name__)
-
-STATE_SAVE_INTERVAL_S = 5.0
-"""The remembered step is written at most this often between versions (each version is written at once)."""
-RECOVERY_READS = 3
-"""Attempts at each read of the swarm at start-up, before the coordinator goes on with what it has."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BroadcastConfig:
@@ -138,11 +122,6 @@ def troubles(plan: Assignment, progress: Mapping[str, Progress]) -> tuple[dict[s
     return unreachable, stalled
 
 
-def _bounded(reasons: Mapping[str, str]) -> dict[str, str]:
-    """The first MAX_REFUSED_PER_RECORD peers by id, each reason cut to what a Refusals record holds."""
-    return {peer: why[:160] for peer, why in sorted(reasons.items())[:MAX_REFUSED_PER_RECORD]}
-
-
 class Broadcaster:
     """The coordinator's loop (module docstring); it starts from what a previous run left in `config.state_path`."""
 
@@ -172,8 +151,7 @@ class Broadcaster:
         self._taking_over: Assignment | None = None
         """A previous run's plan, until the first read of the peers' records says whether it still holds."""
         self._published_at = -math.inf
-        self._saved_at = -math.inf
-        self._saved: CoordinatorState | None = state
+        self.state_file = StateFile(config.state_path, state)
         self._peers: dict[str, PeerRecord] = {}
         """The peers' records of the last read."""
         self._not_admitted: dict[str, str] = {}
@@ -181,21 +159,13 @@ class Broadcaster:
         self._flagged: dict[str, str] = {}
         """Peers whose claims their measured compute contradicts (coordinator/claims.py) or whose advertised
         checkpoints the ledger does (coordinator/checkpoint_ledger.py), with the reason."""
-        self._refusals: tuple[dict[str, str], dict[str, str]] = ({}, {})
-        """The refused and the flagged peers last published."""
-        self._refusals_published_at = -math.inf
-        self._abandoned: list[tuple[int, int]] = []
-        """(step, version) of each plan that went back to a checkpoint (coordinator/state_plan.py, plan_state)."""
-        self._kept: frozenset[str] | None = None
-        """`kept_state` of the plan in force; None for a previous run's plan (all its members count as holders)."""
-        self._pending: tuple[Proposal, str] | None = None
-        """A decision that waits for the state of some layers (coordinator/state_plan.py)."""
-        self._state_missing_since: float | None = None
+        self.refusals = RefusalsBoard(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
+        self.sourcing = StateSourcing(self.ledger, lost_state_wait_s=config.lost_state_wait_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Plans and publishes until `stop` is set; a round that fails on something unforeseen is logged and the
         next one goes on (one bad input must not stop the coordinator of a whole swarm)."""
-        await self._recover()
+        self.state, self._taking_over = await recover(self._read, self.state, self.ledger)
         try:
             while not stop.is_set():
                 try:
@@ -207,7 +177,7 @@ class Broadcaster:
                 except TimeoutError:
                     pass
         finally:
-            self._save_state(force=True)
+            self.state_file.save(self.state, force=True)
 
     async def _round(self) -> None:
         """One read of the swarm: admit, plan, publish what changed, follow the plan's progress."""
@@ -220,21 +190,21 @@ class Broadcaster:
             self._peers = records
             if self.ledger.observe(records):
                 self.state = replace(self.state, checkpoints=self.ledger.to_json())
-                self._save_state()
+                self.state_file.save(self.state)
             self._flagged |= self.ledger.contradicted(records, self.replanner.config.model.n_layers)
             self._keep_above(highest_followed_version(records, plan))
             if self._taking_over is not None:
-                self._take_over(records)
+                self.state, self._taking_over = take_over(self._taking_over, records, self.replanner, self.state), None
             decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
-            if decision is not None or self._pending is not None:
-                proposal, reason = decision or self._pending
+            if decision is not None or self.sourcing.pending is not None:
+                proposal, reason = decision or self.sourcing.pending
                 if await self._all_answer(proposal):
                     await self._announce(proposal, reason, version=self.state.version + 1)
         await self._track_progress()
         await self._roll_back_on_spike()
         if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
-        await self._publish_refusals()
+        await self.refusals.publish(self._not_admitted | self.replanner.left_out(time.monotonic()), self._flagged)
 
     async def _all_answer(self, proposal: Proposal) -> bool:
         """Whether every peer `proposal` places answers our ping; the silent ones are left out of the next
@@ -248,64 +218,8 @@ class Broadcaster:
                        f"{', '.join(short_id(peer) for peer in sorted(silent))}; planning again without them")
         self.replanner.note_trouble(unreachable={self.coordinator_id: sorted(silent)}, stalled={},
                                     now=time.monotonic())
-        self._pending = None
+        self.sourcing.pending = None
         return False
-
-    async def _publish_refusals(self) -> None:
-        """The peers not planned, and those priced by what they do, with the reasons, for the monitor: at each
-        change, and every TTL/2 while there are any."""
-        refused = _bounded(self._not_admitted | self.replanner.left_out(time.monotonic()))
-        flagged = _bounded(self._flagged)
-        due = time.monotonic() - self._refusals_published_at >= self.config.ttl_s / 2
-        if (refused, flagged) == self._refusals and not ((refused or flagged) and due):
-            return
-        for peer, why in (refused | flagged).items():
-            if peer not in self._refusals[0] and peer not in self._refusals[1]:
-                logger.warning(f"Peer {peer}: {why}")
-        record = Refusals(coordinator_id=self.coordinator_id, refused=refused, flagged=flagged,
-                          updated_at=get_dht_time())
-        try:
-            stored = await self.records.publish(record, ttl_s=self.config.ttl_s)
-        except TimeoutError:
-            stored = False
-        if stored:
-            self._refusals, self._refusals_published_at = (refused, flagged), time.monotonic()
-
-    async def _recover(self) -> None:
-        """Versions above anything the swarm has seen of us, and the plan in force handed to the replanner."""
-        ours = (await self._read_at_start(ASSIGNMENT_FIELD) or {}).get(self.coordinator_id)
-        peers = await self._read_at_start(PEERS_FIELD) or {}
-        saved, in_force = self.state.version, self.state.assignment
-        if ours is not None and (in_force is None or ours.version > in_force.version):
-            in_force = ours
-        followed = highest_followed_version(peers, in_force)
-        highest = max(saved, ours.version if ours is not None else 0, followed)
-        self._keep_above(highest)
-        if in_force is not None:
-            self.state = replace(self.state, assignment=in_force, step=max(self.state.step, in_force.step))
-            self.ledger.follow(in_force)
-        if highest == 0 and in_force is None:
-            return
-        logger.info(f"Versions go on above v{highest} (saved: v{saved}, ours still in the DHT: "
-                    f"v{ours.version if ours else 0}, followed by peers: v{followed})")
-        self._taking_over = in_force
-
-    def _take_over(self, records: dict[str, PeerRecord]) -> None:
-        """Adopts the previous run's plan if its peers still follow it; forgets it, and its step, if they do not."""
-        plan, self._taking_over = self._taking_over, None
-        match standing(plan, records):
-            case "in force":
-                if self.replanner.adopt(plan):
-                    logger.info(f"Adopting plan v{plan.version} ({plan.d_dp} pipelines × {plan.d_pp} stages) once "
-                                f"its {len(plan.roles)} peers are in view; it goes on from step {self.state.step} or "
-                                f"later")
-            case "superseded":
-                logger.warning(f"The peers of plan v{plan.version} follow a later version of ours that was not "
-                               f"saved; planning afresh from step {self.state.step} or later")
-            case "abandoned":
-                logger.info(f"No peer follows plan v{plan.version} any more (they restarted or left); planning "
-                            f"afresh from step 0")
-                self.state = replace(self.state, assignment=None, step=0)
 
     def _keep_above(self, version: int) -> None:
         """Makes the next version exceed `version`: clients follow only versions above the one they have."""
@@ -319,9 +233,8 @@ class Broadcaster:
         spike, proposal = self.losses.spike(), self.replanner.current
         if spike is None or proposal is None or self.assignment is None:
             return
-        origin = rollback_state(self._peers, self.assignment.roles, proposal.model.n_layers,
-                                before=spike.last_good + 1, why=spike.describe(), abandoned=self._abandoned,
-                                ledger=self.ledger)
+        origin = self.sourcing.rollback(self._peers, self.assignment.roles, proposal.model.n_layers,
+                                        before=spike.last_good + 1, why=spike.describe())
         if origin is None:
             logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
             self.losses.settle(spike, rolled_back_to=None, through_newest=True)
@@ -332,33 +245,23 @@ class Broadcaster:
 
     async def _announce(self, proposal: Proposal, reason: str, *, version: int, origin: StatePlan | None = None
                         ) -> None:
-        """Publishes `proposal` as the next version, from the state `plan_state` finds (or `origin`)."""
+        """Publishes `proposal` as the next version, from the state the sourcing finds (or `origin`)."""
         in_force = self.state.assignment
-        progress = await self._read(PROGRESS_FIELD, prefer=in_force.roles if in_force is not None else ()) or {}
-        alive = proposal.peers  # in view and not reported unreachable
-        origin = origin or plan_state(
-            previous=self.state.assignment, alive=alive, records=self._peers, progress=progress,
-            live_step=start_step(self.state.assignment, progress, remembered=self.state.step, alive=alive),
-            n_layers=proposal.model.n_layers, give_up=self._waited_for_state() >= self.config.lost_state_wait_s,
-            abandoned=self._abandoned, kept=self._kept, ledger=self.ledger)
-        if isinstance(origin, str):
-            if self._pending is None:
-                logger.warning(f"Not publishing the plan ({reason}): {origin}")
-            self._pending = (proposal, reason)
-            return
-        self._pending, self._state_missing_since = None, None
-        if origin.handoff is not None and origin.handoff.resumed_from_checkpoint:
-            self._abandoned.append((origin.step, version))
+        if origin is None:
+            progress = await self._read(PROGRESS_FIELD, prefer=in_force.roles if in_force is not None else ()) or {}
+            origin = self.sourcing.origin(proposal, reason, in_force=in_force, remembered_step=self.state.step,
+                                          records=self._peers, progress=progress)
+            if origin is None:
+                return
         step, reason = origin.step, "; ".join(part for part in (origin.note, reason) if part)
         self.assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
                                                                self._checkpoint_every(proposal)),
             aggregation=self.config.aggregation, eval_every=self.config.eval_every)
-        self.ledger.follow(self.assignment)
-        self._kept = kept_state(self.assignment, self.state.assignment)
+        self.sourcing.published(origin, self.assignment, in_force)
         self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
-        self._save_state(force=True)
+        self.state_file.save(self.state, force=True)
         d_pp, d_dp = proposal.plan.grid.shape
         logger.info(f"Publishing v{version}: {d_dp} pipelines × {d_pp} stages from step {step}, "
                     f"{len(proposal.standbys)} standby, predicted {proposal.live.total_s:.3f} s/step ({reason})")
@@ -373,12 +276,6 @@ class Broadcaster:
             return every
         return max(1, min(every, int(seconds / max(proposal.live.total_s, 1e-3))))
 
-    def _waited_for_state(self) -> float:
-        """Seconds this coordinator has been waiting for the state of some layers (0 on the first try)."""
-        if self._state_missing_since is None:
-            self._state_missing_since = time.monotonic()
-        return time.monotonic() - self._state_missing_since
-
     async def _track_progress(self) -> None:
         """Remembers how far the plan in force got, so that the next plan starts there even once the members'
         Progress records have expired (a restart included: the step is in the state file)."""
@@ -392,7 +289,7 @@ class Broadcaster:
         step = start_step(self.state.assignment, progress, remembered=self.state.step)
         if step != self.state.step:
             self.state = replace(self.state, step=step)
-            self._save_state()
+            self.state_file.save(self.state)
         if self.assignment is not None:
             unreachable, stalled = troubles(self.assignment, progress)
             judged = await self.reports.judge(unreachable, time.monotonic())
@@ -403,20 +300,6 @@ class Broadcaster:
             if left_out or stalled:
                 self.replanner.note_trouble(unreachable=left_out, stalled=stalled, now=time.monotonic(),
                                             reasons={**judged.reasons, **aborting})
-
-    def _save_state(self, *, force: bool = False) -> None:
-        """Writes the state when it changed: at once for a new version, else at most every STATE_SAVE_INTERVAL_S."""
-        path = self.config.state_path
-        if path is None or self.state == self._saved:
-            return
-        if not force and time.monotonic() - self._saved_at < STATE_SAVE_INTERVAL_S:
-            return
-        try:
-            save_state(path, self.state)
-        except OSError as e:  # the swarm's records still keep versions growing; say so and keep coordinating
-            logger.warning(f"Could not save the coordinator state to {path}: {e}")
-            return
-        self._saved, self._saved_at = self.state, time.monotonic()
 
     async def _publish(self) -> None:
         self._published_at = time.monotonic()
@@ -435,11 +318,3 @@ class Broadcaster:
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None
-
-    async def _read_at_start(self, field: str) -> dict | None:
-        """As `_read`, a few times: what the swarm remembers of us decides the versions we may publish."""
-        for _ in range(RECOVERY_READS):
-            if (found := await self._read(field)) is not None:
-                return found
-        logger.warning(f"Could not read the swarm's {field!r} records at start; going on without them")
-        return None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +17,13 @@ from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
-__all__ = ["CoordinatorState", "Standing", "highest_followed_version", "load_state", "save_state", "standing",
-           "start_step", "state_path_for"]
+__all__ = ["CoordinatorState", "Standing", "StateFile", "highest_followed_version", "load_state", "save_state",
+           "standing", "start_step", "state_path_for"]
 
 logger = logging.getLogger(__name__)
+
+STATE_SAVE_INTERVAL_S = 5.0
+"""The remembered step is written at most this often between versions (each version is written at once)."""
 
 
 def state_path_for(identity_path: Path) -> Path:
@@ -87,6 +92,27 @@ def save_state(path: Path, state: CoordinatorState) -> None:
     """Written whole and durably or not at all (temp file, fsync, os.replace), so a crash mid-write leaves the
     previous state."""
     write_json(path, state.to_dict(), durable=True)
+
+
+class StateFile:
+    """The state file of a running coordinator, written when the state changed: at once for a new version, else
+    at most every STATE_SAVE_INTERVAL_S (the remembered step moves every step)."""
+
+    def __init__(self, path: Path | None, saved: CoordinatorState | None) -> None:
+        """`path` None keeps nothing (a throw-away identity); `saved`: what the file holds now."""
+        self.path, self._saved, self._saved_at = path, saved, -math.inf
+
+    def save(self, state: CoordinatorState, *, force: bool = False) -> None:
+        if self.path is None or state == self._saved:
+            return
+        if not force and time.monotonic() - self._saved_at < STATE_SAVE_INTERVAL_S:
+            return
+        try:
+            save_state(self.path, state)
+        except OSError as e:  # the swarm's records still keep versions growing; say so and keep coordinating
+            logger.warning(f"Could not save the coordinator state to {self.path}: {e}")
+            return
+        self._saved, self._saved_at = state, time.monotonic()
 
 
 def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, remembered: int = 0,

@@ -55,7 +55,7 @@ def run_plan_network_checking_imports(*args: str, timeout_s: float) -> tuple[str
 def eight_device_network(tmp_path: Path) -> Path:
     """Every eighth device of the worldwide scenario (one per site): small enough that the search ends on its
     stall limit, not its time budget, so the same seed must give the same plan in any process."""
-    data = json.loads(resources.files("hetswarm.coordinator").joinpath("scenarios", SCENARIOS["worldwide"]).read_text())
+    data = json.loads(resources.files("hetswarm.protocol").joinpath("scenarios", SCENARIOS["worldwide"]).read_text())
     keep = list(range(0, 64, 8))
     path = tmp_path / "eight_sites.json"
     path.write_text(json.dumps({

@@ -4,7 +4,6 @@ stream message that claims a gigabyte are each cut off at once, while the peer k
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from hivemind.p2p import P2P
@@ -12,7 +11,8 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.client.peer.hivemind_compat import bound_stream_messages, unbound_stream_messages
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeConfig, ProbeServicer, _stream_time, measure_link
-from hetswarm.client.training.state_handoff import StateServer, StateStore
+from hetswarm.client.training.state_server import StateServer, StateStore
+from hetswarm.protocol.rpc_messages import StateInfo, StateInfoRequest, encode_message
 from tests.helpers.p2p_nodes import connected_p2ps
 
 NAMESPACE = "flood.probe"
@@ -101,10 +101,11 @@ def test_a_peer_that_keeps_asking_for_state_is_answered_nothing_past_its_burst(c
             server = StateServer(server_p2p, StateStore(), namespace="flood.state")
             await server.attach()
             stub = StateServer.get_stub(asker, server_p2p.peer_id, namespace="flood.state")
-            question = runtime_pb2.ExpertRequest(metadata=json.dumps({"step": 1, "units": ["embed"]}).encode())
+            question = runtime_pb2.ExpertRequest(metadata=encode_message(StateInfoRequest(step=1, units=["embed"])))
+            nothing_held = encode_message(StateInfo(held={}))
             answered = 0
             for _ in range(60):  # bounded: 60 questions as fast as they go
-                answered += (await stub.rpc_state_info(question)).metadata == b"{}"
+                answered += (await stub.rpc_state_info(question)).metadata == nothing_held
             return answered, sum(server.questions.refused.values())
 
     answered, refused = asyncio.run(scenario())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetswarm.client.training.trainer import recordable_loss
+from hetswarm.client.training.progress_report import recordable_loss
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.state_plan import rollback_state
 from hetswarm.protocol.errors import ConfigError

@@ -109,9 +109,10 @@ def test_an_unprobeable_peer_is_retried_with_backoff_and_the_record_is_not_repub
 
     silent, good = ids["silent"].peer_id, ids["good"].peer_id
     assert silent in me.peers, "the silent peer was in view all along"
-    assert 2 <= me.probe_attempts[silent] <= 4, me.probe_attempts
-    assert silent not in me.links
-    assert me.probe_attempts[good] == 1 and good in me.links, me.probe_attempts  # others are measured as before
+    assert 2 <= me.prober.probe_attempts[silent] <= 4, me.prober.probe_attempts
+    assert silent not in me.prober.links
+    # others are measured as before
+    assert me.prober.probe_attempts[good] == 1 and good in me.prober.links, me.prober.probe_attempts
 
     heartbeats = me.publishes["heartbeat"]
     assert heartbeats <= RUN_S / (TTL_S / 2) + 1, me.publishes

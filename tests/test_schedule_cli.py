@@ -11,7 +11,7 @@ from hetswarm.client.cli import app
 from hetswarm.protocol.network import RejectedInput
 
 runner = CliRunner()
-CASE1 = str(resources.files("hetswarm.coordinator").joinpath("scenarios", "case1_datacenter_on_demand.json"))
+CASE1 = str(resources.files("hetswarm.protocol").joinpath("scenarios", "case1_datacenter_on_demand.json"))
 
 
 def test_scenario_file_alone_reproduces_the_paper_setting():

@@ -15,14 +15,8 @@ from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.model import build_stage
 from hetswarm.client.training.stage_state import StageState, units_of_layers
 from hetswarm.client.training.stage_worker import StageConfig
-from hetswarm.client.training.state_handoff import (
-    Agreement,
-    StateServer,
-    StateStore,
-    StateUnavailable,
-    agree_on_step,
-    fetch_state,
-)
+from hetswarm.client.training.state_handoff import Agreement, StateUnavailable, agree_on_step, fetch_state
+from hetswarm.client.training.state_server import StateServer, StateStore
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.records import CheckpointRoot
 from tests.helpers.p2p_nodes import connected_p2ps

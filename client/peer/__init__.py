@@ -7,6 +7,7 @@
  * link_probe.py          - RTT and bandwidth to a peer over P2P
  * emulation.py           - EmulatedP2P: links paced and delayed as a real-world scenario says
  * volunteer.py           - heartbeat, swarm view and probing loops of a joined peer
+ * link_prober.py         - which links this peer measures and when: its half of the pairs, stalest first, backoff
  * assignment_follower.py - accepts only the pinned coordinator's assignments, checked once on arrival
  * reachability.py        - can peers dial this one back? (asked on join, answered for others; the doctor's clock)
  * metrics.py             - Prometheus collectors read from the live objects at scrape time (--metrics-port)

@@ -2,11 +2,11 @@
 
 Three loops share one event loop and die together (asyncio.TaskGroup): the heartbeat refreshes the PeerRecord
 every T/2 with expiry T, so a silent peer disappears within T; the view reads everyone's records and wakes the
-prober when a new peer appears; the prober measures links, a bounded number per round. A peer whose probe failed
-(crashed, until its record expires; or serving no probe handler) is tried again only after an exponential backoff,
-and the record is published by the heartbeat, plus once after a round that measured something new: a peer that
-cannot be probed never makes the prober spin, nor the record be stored over and over (of overlapping stores, the
-DHT refuses one). With a pinned coordinator a fourth loop follows its assignments (client/assignment_follower.py),
+prober when a new peer appears; the prober measures links, a bounded number per round, with a backoff for peers
+whose probe failed (client/peer/link_prober.py). The record is published by the heartbeat, plus once after a round
+that measured something new: a peer that cannot be probed never makes the record be stored over and over (of
+overlapping stores, the DHT refuses one). With a pinned coordinator a fourth loop follows its assignments
+(client/peer/assignment_follower.py),
 publishes the role at once and hands each newly accepted assignment to the training side through the
 `on_assignment` hook.
 """
@@ -22,17 +22,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
-from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer, measure_link
+from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer
+from hetswarm.client.peer.link_prober import LinkProber
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import probe_namespace, short_id
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
+from hetswarm.protocol.keys import probe_namespace
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_TOKEN_CHARS
 from hetswarm.protocol.record_store import check_ttl
-from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
+from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Volunteer:
         self._on_assignment = on_assignment
         self._hook_tasks: set[asyncio.Task] = set()
         self.state: PeerState = "joining"
-        self.links: dict[str, LinkMeasurement] = {}
+        self.prober = LinkProber(node, config, namespace=self.namespace)
         self.peers: dict[str, PeerRecord] = {}
         self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
@@ -116,24 +116,13 @@ class Volunteer:
         """Notified after each read of the swarm's records (`_views` counts them; `_reading` while one runs)."""
         self._probe_wanted = asyncio.Event()
         self._probe_wanted.set()  # the first round turns `joining` into `ready`, even with nobody to measure
-        self._failures: dict[str, int] = {}
-        """Failed probes in a row, per peer in view."""
-        self._retry_at: dict[str, float] = {}
-        """time.monotonic() before which a peer that failed its last probe is not probed again."""
         self._publish_lock = asyncio.Lock()
-        self.probe_attempts: collections.Counter[str] = collections.Counter()
-        """Probes started, per peer: for logs and tests."""
         self.publishes: collections.Counter[str] = collections.Counter()
         """Records published, by reason (start, heartbeat, probe, assignment, leaving): for logs and tests."""
 
     @property
     def namespace(self) -> str:
         return probe_namespace(self.node.config.swarm)
-
-    def _newest_links(self) -> dict[str, LinkMeasurement]:
-        """The links a record can hold (MAX_LINKS_PER_RECORD), the most recently measured, whatever was measured."""
-        newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
-        return dict(newest[:MAX_LINKS_PER_RECORD])
 
     def record(self) -> PeerRecord:
         role = self.follower.role if self.follower else None
@@ -142,7 +131,7 @@ class Volunteer:
             maddrs=[str(m) for m in self.node.dht.get_visible_maddrs()][:16],
             version=VERSION,
             hardware=self.hardware,
-            links=self._newest_links(),
+            links=self.prober.newest_links(),
             state="training" if self.state == "ready" and role is not None else self.state,
             public_name=self.config.public_name,
             site=self.config.site,
@@ -268,66 +257,18 @@ class Volunteer:
         self._look_now.set()
         return False
 
-    def _mine(self) -> list[str]:
-        """The peers whose link to us we measure.
-
-        Each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's pings wait
-        behind the other side's payload on the same link. Links count as symmetric, as the paper's model has them.
-        """
-        return [p for p in self.peers if p > self.node.peer_id]
-
-    def _wait_before_probe(self, peer: str) -> float:
-        """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""
-        stale_in = self.links[peer].measured_at + self.config.reprobe_s - get_dht_time() if peer in self.links else 0.0
-        backoff_in = self._retry_at.get(peer, 0.0) - time.monotonic()
-        return max(stale_in, backoff_in, 0.0)
-
-    def _due_for_probe(self) -> list[str]:
-        """Unmeasured peers first, then the stalest measurements, at most max_probes_per_round; peers backing off
-        after a failed probe wait their turn."""
-        due = [p for p in self._mine() if self._wait_before_probe(p) == 0.0]
-        due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
-        return due[: self.config.max_probes_per_round]
-
-    def _backoff_s(self, failures: int) -> float:
-        return min(self.config.probe_backoff_s * 2 ** min(failures - 1, 32), self.config.probe_backoff_max_s)
-
-    async def _probe_one(self, peer: str) -> bool:
-        """One probe of one peer: True with a new measurement; a failure sets the peer's next try (backoff)."""
-        self.probe_attempts[peer] += 1
-        try:
-            link = await measure_link(self.node.p2p, PeerID.from_base58(peer), namespace=self.namespace,
-                                      config=self.config.probe)
-        except Exception as e:  # a dead or misbehaving peer costs one probe per backoff, never the client
-            failures = self._failures[peer] = self._failures.get(peer, 0) + 1
-            wait_s = self._backoff_s(failures)
-            self._retry_at[peer] = time.monotonic() + wait_s
-            logger.debug(f"Probe of {short_id(peer)} failed ({failures} in a row), next try in {wait_s:.0f} s: {e!r}",
-                         exc_info=True)
-            return False
-        self._failures.pop(peer, None)
-        self._retry_at.pop(peer, None)
-        self.links[peer] = link
-        logger.info(f"Link to {short_id(peer)}: {link.latency_ms:.1f} ms, {link.bandwidth_mbps:.1f} Mbit/s")
-        return True
-
     async def _probe(self) -> None:
-        """Probes the due peers whenever some are due or the view found new ones; publishes only news."""
+        """Probes the due peers whenever some are due or the view found new ones (client/peer/link_prober.py);
+        publishes only news."""
         while True:
-            mine = self._mine()
-            wait_s = min((self._wait_before_probe(p) for p in mine), default=self.config.reprobe_s)
+            wait_s = self.prober.wait_s(list(self.peers))
             if wait_s > 0:
                 try:
                     await asyncio.wait_for(self._probe_wanted.wait(), timeout=min(wait_s, self.config.reprobe_s))
                 except TimeoutError:
                     pass
             self._probe_wanted.clear()
-            measured = [peer for peer in self._due_for_probe() if await self._probe_one(peer)]
-            in_view = set(self.peers)
-            self.links = {p: m for p, m in self.links.items() if p in in_view}
-            self._failures = {p: n for p, n in self._failures.items() if p in in_view}
-            self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
-            news = bool(measured) or self.state == "joining"
+            news = await self.prober.round(list(self.peers)) or self.state == "joining"
             if self.state == "joining":
                 self.state = "ready"
             if news:

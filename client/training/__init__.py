@@ -14,6 +14,7 @@ llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a
  * neighbour_streams.py - activation and gradient frames between pipeline neighbours
  * group_allreduce.py   - a stage group's gradient all-reduce: one round per step, partial rounds refused
  * exact_allreduce.py   - the runner of a round (hivemind AllReduceRunner): bit-identical averages, no sender trusted
+ * part_bounds.py       - how large a gradient part or an average may honestly be in a round
  * reduction_audit.py   - every member re-reduces one part of each other reducer's share from its signed parts
  * tied_embeddings.py   - tied embeddings cut into stages: the first and last stages' copies kept equal
  * activation_memory.py - what a stage's forward keeps for its backward, measured (the cost model's check)
@@ -28,11 +29,14 @@ llama, pipeline_schedule, reference) loads without hivemind or pydantic, as on a
  * stage_worker.py      - one stage's step: passes, all-reduce, vote, apply; retried attempts
  * stage_start.py       - this peer's stage of a plan built from the assignment, serving once its peers answer
  * stage_state.py       - a stage's parameters and optimizer state as named tensors: hashed, encoded, re-cut
- * state_handoff.py     - a peer that takes a stage downloads its state from the replicas that hold it
+ * state_server.py      - the states a peer holds and serves to others: its last ones, old stages, checkpoints
+ * state_handoff.py     - a peer that takes a stage downloads its state from the peers that hold it
  * checkpoints.py       - the stage's state on a volunteer's disk, written atomically in the background, and
                           the newest step a set of them holds whole
  * errors.py            - StageError and its kinds: refused frame, silent neighbour, partial all-reduce,
                           a step aborted on every attempt, a commit whose outcome is unknown
- * trainer.py           - follows assignments: (re)starts the stage worker from the right state, publishes
-                          progress, keeps the states it hands off and checkpoints
+ * plan_session.py      - one accepted assignment: start step, state, stage, heartbeat, the loop of steps
+ * progress_report.py   - the Progress records a training peer publishes, built and sent in the background
+ * trainer.py           - follows assignments in version order, one session at a time; serves the states it
+                          hands off and keeps checkpoints
 """

@@ -12,7 +12,7 @@ precision, each member keeps what its parts lost and each reducer what its avera
 step's (client/training/error_feedback.py).
 
 Nor does a member take a reducer's word for its averages: one that is not finite, or far longer than any honest
-reduction of the part it was sent (``ExactAllReduceRunner._average_refusal``), fails the round, and the reducer is
+reduction of the part it was sent (client/training/part_bounds.py), fails the round, and the reducer is
 named in the ``PartialAllReduce`` as a banned sender is, so that no replica applies the average and the plan can
 leave that member out. An average within those bounds is checked too: senders sign the digests of the parts they send
 each reducer, and every member re-reduces one part of each other reducer's share before it applies a round
@@ -20,7 +20,6 @@ each reducer, and every member re-reduces one part of each other reducer's share
 """
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import AsyncIterator  # the hooks' streams, as hivemind's ServicerBase spells them
 
@@ -34,6 +33,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.hivemind_compat import HookedAllReduceRunner
 from hetswarm.client.training.error_feedback import ErrorFeedback, Round
+from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO, PartBounds
 from hetswarm.client.training.reduction_audit import audit_reducer, audit_targets
 from hetswarm.client.training.robust_aggregation import centered_clip
 from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
@@ -42,13 +42,9 @@ from hetswarm.protocol.part_statements import part_digest, read_statement, signe
 from hetswarm.protocol.records import Aggregation
 from hetswarm.protocol.wire_format import Codec
 
-__all__ = ["MAX_PART_NORM_RATIO", "ExactAllReduceRunner", "RecordingCompression", "exact_mean"]
+__all__ = ["ExactAllReduceRunner", "RecordingCompression", "exact_mean"]
 
 logger = logging.getLogger(__name__)
-
-MAX_PART_NORM_RATIO = 1000.0
-"""How much larger than this member's own a sender's gradient part may be (ExactAllReduceRunner)."""
-
 
 class _Kept:
     """Stands in for TensorPartReducer's running sum of one part: keeps each sender's version, and aggregates them
@@ -114,10 +110,8 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
     """An AllReduceRunner whose outputs are the reducers' averages themselves, not deltas to the local tensors.
 
     It also trusts no sender: every part counts with the same weight whatever weight its message claims (hivemind
-    takes the sender's word), and a part with a NaN or an infinity, or with a norm over MAX_PART_NORM_RATIO times
-    this member's own part (or, for a part that is all zeros here, its parts' mean norm), bans its sender: the round
-    is partial and names it (``StageGroup.average``) instead of poisoning every replica's average. Replicas of one
-    stage compute gradients of one model on batches of one size, so honest parts differ by far less.
+    takes the sender's word), and a part beyond the round's bounds (client/training/part_bounds.py) bans its sender:
+    the round is partial and names it (``StageGroup.average``) instead of poisoning every replica's average.
 
     Each reducer keeps the members' parts and aggregates them at once: with `exact_mean`, whose bits do not depend
     on the order the parts arrived in, or with ``aggregation="centered_clip"``, CenteredClip
@@ -151,8 +145,6 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
         self.audits: dict[int, asyncio.Task] = {}
         """... and the audit, started as soon as that average is here (reduction_audit.audit_reducer)."""
         self._part_sent: dict[int, asyncio.Event] = {}
-        self.part_norm_ratio = part_norm_ratio
-        """The bound on a sender's part norm against this member's (class docstring); None: no bound."""
         self.wire_compression = allreduce_compression(codec)
         self.sent: dict[int, runtime_pb2.Tensor] = {}
         """Each average of this reducer's parts as sent."""
@@ -163,17 +155,15 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
         self.reducer_failures: dict[PeerID, str] = {}
         """Why each reducer whose averages we lack failed us: hivemind only counts the values it lost."""
         self.bad_reducers: dict[PeerID, str] = {}
-        """Reducers whose averages no honest reduction gives (`_average_refusal`): named, not merely lost."""
+        """Reducers whose averages no honest reduction gives (`bounds`): named, not merely lost."""
         super().__init__(*args, **kwargs)
         reducer = self.tensor_part_reducer
         reducer.finished.set()  # unused: its finalizer would warn that it received none of its parts
         self.aggregate = centered_clip if aggregation == "centered_clip" else exact_mean
         self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders, self.aggregate)
         sent = self.sent_parts
-        self._sent_shapes = [[part.shape for part, _ in parts] for parts in sent]
-        self._sent_norms = [[float(part.norm()) for part, _ in parts] for parts in sent]
-        every = [norm for norms in self._sent_norms for norm in norms]
-        self._mean_sent_norm = sum(every) / max(len(every), 1)
+        self.bounds = PartBounds(sent, own_index=self.ordered_peer_ids.index(self.peer_id), ratio=part_norm_ratio)
+        """What a sender's part and a reducer's average may be (client/training/part_bounds.py)."""
         self.own_parts = [] if self.private_key is None else [part.clone() for part in self.parts_for_local_averaging]
         """This reducer's own parts, as they were before the round wrote averages over them: to show an auditor."""
         self.audit_targets = {} if self.private_key is None else audit_targets(
@@ -186,36 +176,6 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
             for peer, reducer in enumerate(self.ordered_peer_ids) if reducer != self.peer_id and sent[peer]}
         """Reducer index → this member's statement of the parts it sends it, made in a thread (hashing a large
         gradient takes a while, and hashlib lets other threads run meanwhile)."""
-
-    def _part_bound(self, part_index: int) -> float:
-        """The largest norm a sender's part `part_index` may have (class docstring)."""
-        own = self._sent_norms[self.ordered_peer_ids.index(self.peer_id)]  # the parts this member reduces
-        return self.part_norm_ratio * max(own[part_index], sum(own) / max(len(own), 1), 1e-12)
-
-    def _average_refusal(self, averaged: torch.Tensor, peer_index: int, part_index: int) -> str | None:
-        """Why an average a reducer sent cannot be the reduction of honest parts, or None. An average is no longer
-        than its longest part, a reducer takes no part over MAX_PART_NORM_RATIO times its own, and honest replicas'
-        parts differ by far less: so an honest average is finite and within the square of that ratio of the part
-        we sent (or, for a part that is all zeros here, of our parts' mean norm). A NaN or a scaled average is
-        caught; a wrong one within the bound is not."""
-        norm = float(averaged.norm())  # one pass: not finite when a value is not (or past float range: refused anyway)
-        if not math.isfinite(norm):
-            return "NaN or infinite values"
-        bound = self.sent_part_bound(peer_index, part_index)
-        if bound is not None and norm > self.part_norm_ratio * bound:
-            return f"a norm of {norm:.3g}, over {self.part_norm_ratio ** 2:g}× the part we sent it"
-        return None
-
-    def sent_part_bound(self, peer_index: int, part_index: int) -> float | None:
-        """The largest norm the reducer `peer_index` takes for its part `part_index` from a sender, as far as this
-        member can tell: the bound relative to the part this member sent it (or our parts' mean norm, for a part
-        that is all zeros here); None: no bound."""
-        if self.part_norm_ratio is None:
-            return None
-        return self.part_norm_ratio * max(self._sent_norms[peer_index][part_index], self._mean_sent_norm, 1e-12)
-
-    def sent_shape(self, peer_index: int, part_index: int) -> torch.Size:
-        return self._sent_shapes[peer_index][part_index]
 
     def cancel_checks(self) -> None:
         """Cancels what is left of this round's statements and audits: a failed round's need not finish."""
@@ -240,16 +200,6 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
             if len(self.sent) == self.tensor_part_reducer.num_parts:
                 self.answered.set()
         return self.sent[part_index], self._decoded[part_index]
-
-    def _refusal(self, part: torch.Tensor, part_index: int) -> str | None:
-        norm = float(part.norm())  # as in _average_refusal: one pass
-        if not math.isfinite(norm):
-            return "NaN or infinite values"
-        if self.part_norm_ratio is None or part_index >= len(self.parts_for_local_averaging):
-            return None
-        if norm > self._part_bound(part_index):
-            return f"a norm of {norm:.3g}, over {self.part_norm_ratio:g}× this member's own"
-        return None
 
     def _unstated(self, message: averaging_pb2.AveragingData, sender_index: int, part_index: int) -> str | None:
         """Why a part is not one its sender stated (`parts_for_reducer`), or None; keeps it to show an
@@ -331,7 +281,7 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
                 raise AllreduceException(f"{peer_id} sent more averages than it reduces parts")
             if part_index >= have:
                 averaged = await asyncio.to_thread(decode_tensor, message.tensor_part, self.codec)
-                if (refusal := self._average_refusal(averaged, peer_index, part_index)) is not None:
+                if (refusal := self.bounds.average_refusal(averaged, peer_index, part_index)) is not None:
                     self.bad_reducers[peer_id] = f"an average with {refusal}"
                     raise AllreduceException(f"{peer_id} sent an average with {refusal}")
                 if self.audit_targets.get(peer_index) == part_index:
@@ -356,7 +306,7 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent {refusal}; leaving it out of the round")
                     break
                 tensor_part = decode_tensor(message.tensor_part, self.codec)
-                if (refusal := self._refusal(tensor_part, part_index)) is not None:
+                if (refusal := self.bounds.part_refusal(tensor_part, part_index)) is not None:
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent a gradient part with {refusal}; "
                                    f"leaving it out of the round")
                     break

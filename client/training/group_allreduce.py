@@ -41,7 +41,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.client.peer.served import Served
 from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.errors import PartialAllReduce
-from hetswarm.client.training.exact_allreduce import MAX_PART_NORM_RATIO, ExactAllReduceRunner, RecordingCompression
+from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner, RecordingCompression
+from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO
 from hetswarm.client.training.reduction_audit import parse_reveal_request, shown_part
 from hetswarm.protocol.codecs import allreduce_compression
 from hetswarm.protocol.errors import RejectedInput

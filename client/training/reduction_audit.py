@@ -125,7 +125,7 @@ def _checked_part(runner: ExactAllReduceRunner, response: runtime_pb2.ExpertResp
     if len(response.tensors) != 1:
         raise RejectedInput(f"{len(response.tensors)} tensors instead of one")
     part = response.tensors[0]
-    shape = list(runner.sent_shape(peer_index, part_index))
+    shape = list(runner.bounds.sent_shape(peer_index, part_index))
     layout = (COMPRESSION_TYPES[runner.codec], wire_dtype_name(runner.codec), shape,
               wire_bytes(runner.codec, math.prod(shape)))
     if (part.compression, part.dtype, list(part.size), len(part.buffer)) != layout:
@@ -141,6 +141,6 @@ def _checked_part(runner: ExactAllReduceRunner, response: runtime_pb2.ExpertResp
     norm = float(decoded.norm())
     if not math.isfinite(norm):
         raise RejectedInput("a part with NaN or infinite values")
-    if sender == reducer and (bound := runner.sent_part_bound(peer_index, part_index)) is not None and norm > bound:
+    if sender == reducer and (bound := runner.bounds.sent_part_bound(peer_index, part_index)) is not None and norm > bound:
         raise RejectedInput(f"a part of norm {norm:.3g}, past what a sender may send it (at most {bound:.3g})")
     return decoded

@@ -47,7 +47,7 @@ from hetswarm.client.training.run_ahead import Ahead, RunAhead
 from hetswarm.client.training.stage_passes import StagePasses
 from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.step_clock import mark, start_clock, waiting
-from hetswarm.client.training.step_commit import CommitBoard, StepKey
+from hetswarm.client.training.step_commit import CommitBoard
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
 
@@ -149,7 +149,7 @@ class StageWorker:
     ) -> None:
         self.passes, self.module, self.streams = passes, passes.module, passes.streams
         self.group, self.board, self.replicas, self.tied = group, board, replicas, tied
-        """`tied`: this stage's copy of a tied embedding matrix, summed with the other stage's every step; None: none."""
+        """`tied`: this stage's copy of a tied embedding matrix, summed with the other stage's every step (or None)."""
         self.config, self.optimizer = config, optimizer
         self.eval_every = eval_every
         """The pipeline measures its held-out loss after every step s with (s + 1) % eval_every == 0; 0: never."""
@@ -259,7 +259,7 @@ class StageWorker:
                 self._unreachable.update(error.peers)
             if error is not None and self.on_failure is not None:
                 self.on_failure(error)
-        vote, cause = await self._vote(key, succeeded, error)
+        vote, cause = await self.board.vote_for(key, succeeded, error, blame_grace_s=self.config.blame_grace_s)
         loss, grads = body.result() if succeeded else (None, [])
         before = None
         if capture is not None and succeeded:
@@ -285,21 +285,6 @@ class StageWorker:
         if before is None:
             await self._apply(grads)
         return loss
-
-    async def _vote(self, key: StepKey, succeeded: bool, error: StageError | None) -> tuple[bool | None, str | None]:
-        """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
-        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own
-        while the member it blames has not voted success (cancelled streams and broken rounds follow an abort): a
-        vote would implicate peers that did nothing wrong (coordinator/failure_votes.py). A member that voted
-        success and failed us anyway is named, whatever else failed: that is how two partners of a hostile reducer
-        corroborate each other."""
-        if succeeded:
-            return True, None
-        if error is None:
-            return None, None
-        if await self.board.failed_within(key, self.config.blame_grace_s) and not self.board.succeeded(key, error.cause):
-            return None, None
-        return False, error.cause
 
     async def _apply(self, grads: list[torch.Tensor]) -> None:
         for param, grad in zip(self.module.parameters(), grads):

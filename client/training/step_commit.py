@@ -41,7 +41,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.served import Served
-from hetswarm.client.training.errors import CommitUnknown
+from hetswarm.client.training.errors import CommitUnknown, StageError
 from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.vote_signing import forgery, signed_vote
 from hetswarm.protocol.votes import AbortedAttempt, SignedVote, VoteMessage, read_votes
@@ -143,6 +143,22 @@ class CommitBoard(Served, ServicerBase):
             return True
         except TimeoutError:
             return False
+
+    async def vote_for(self, key: StepKey, succeeded: bool, error: StageError | None, *, blame_grace_s: float
+                       ) -> tuple[bool | None, str | None]:
+        """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
+        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own
+        while the member it blames has not voted success (cancelled streams and broken rounds follow an abort): a
+        vote would implicate peers that did nothing wrong (coordinator/failure_votes.py). A member that voted
+        success and failed us anyway is named, whatever else failed: that is how two partners of a hostile reducer
+        corroborate each other."""
+        if succeeded:
+            return True, None
+        if error is None:
+            return None, None
+        if await self.failed_within(key, blame_grace_s) and not self.succeeded(key, error.cause):
+            return None, None
+        return False, error.cause
 
     def aborted(self, step: int) -> list[AbortedAttempt]:
         """The failure votes this board holds for the last aborted attempts of the ABORT_WINDOW_STEPS steps up to

@@ -27,8 +27,9 @@ import torch
 
 from hetswarm.client.cli import TEST_PLUGIN_ENV
 from hetswarm.client.peer.volunteer import Volunteer
+from hetswarm.client.training.plan_session import PlanSession
+from hetswarm.client.training.progress_report import ProgressPublisher
 from hetswarm.client.training.step_commit import CommitBoard
-from hetswarm.client.training.trainer import Trainer, _ProgressPublisher
 from hetswarm.protocol.limits import MAX_CHECKPOINTS_PER_RECORD, MAX_LAYERS, MAX_STEP, MAX_UNREACHABLE_PER_RECORD
 from hetswarm.protocol.records import CheckpointInfo, PeerRecord, Progress
 
@@ -80,7 +81,7 @@ def install() -> None:
 def _vote_hostile_while(switch: str) -> None:
     """While `switch` exists: every vote a failure naming another member; every Progress record a loss spike and
     every other member reported unreachable; the peer record a follower of plan version 10⁹."""
-    decide, submit, record = CommitBoard.decide, _ProgressPublisher.submit, Volunteer.record
+    decide, submit, record = CommitBoard.decide, ProgressPublisher.submit, Volunteer.record
     members: list[str] = []  # the others of the plan, as its commit board knows them
 
     @functools.wraps(decide)
@@ -92,7 +93,7 @@ def _vote_hostile_while(switch: str) -> None:
         return await decide(self, key, vote, cause=cause, timeout_s=timeout_s)
 
     @functools.wraps(submit)
-    def spiking(self: _ProgressPublisher, progress: Progress) -> None:
+    def spiking(self: ProgressPublisher, progress: Progress) -> None:
         if os.path.exists(switch):
             progress = progress.copy(update={"loss": _SPIKE, "recent_losses": [_SPIKE],
                                              "unreachable": members[:MAX_UNREACHABLE_PER_RECORD]})
@@ -103,24 +104,24 @@ def _vote_hostile_while(switch: str) -> None:
         ours = record(self)
         return ours.copy(update={"assignment_version": MAX_STEP}) if os.path.exists(switch) else ours
 
-    CommitBoard.decide, _ProgressPublisher.submit, Volunteer.record = hostile, spiking, inflated
+    CommitBoard.decide, ProgressPublisher.submit, Volunteer.record = hostile, spiking, inflated
 
 
 def _corrupt_after(corrupt_step: int) -> None:
-    keep_state, done = Trainer._keep_state, []
+    keep_state, done = PlanSession._keep_state, []
 
     @functools.wraps(keep_state)
-    async def corrupting(self: Trainer, worker, assignment, step: int) -> None:
+    async def corrupting(self: PlanSession, step: int) -> None:
         if step == corrupt_step + 1 and not done:  # kept right after `corrupt_step` commits
             logger.warning(f"{_CORRUPT_AFTER_STEP}: scrambling this replica's weights after step {corrupt_step}")
             generator = torch.Generator().manual_seed(corrupt_step)
             with torch.no_grad():
-                for parameter in worker.module.parameters():
+                for parameter in self.worker.module.parameters():
                     parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter) * 3.0)
             done.append(corrupt_step)
-        await keep_state(self, worker, assignment, step)
+        await keep_state(self, step)
 
-    Trainer._keep_state = corrupting
+    PlanSession._keep_state = corrupting
 
 
 def _advertise_forged_checkpoints(step: int, n_layers: int) -> None:
@@ -139,10 +140,10 @@ def _advertise_forged_checkpoints(step: int, n_layers: int) -> None:
 
 
 def _report_compute_scaled(scale: float) -> None:
-    submit = _ProgressPublisher.submit
+    submit = ProgressPublisher.submit
 
     @functools.wraps(submit)
-    def scaled(self: _ProgressPublisher, progress: Progress) -> None:
+    def scaled(self: ProgressPublisher, progress: Progress) -> None:
         submit(self, progress.copy(update={"compute_s": progress.compute_s * scale}))
 
-    _ProgressPublisher.submit = scaled
+    ProgressPublisher.submit = scaled

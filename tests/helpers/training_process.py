@@ -28,6 +28,7 @@ from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import FrameRefused, PartialAllReduce, StepAborted
 from hetswarm.client.training.group_allreduce import ExactAllReduceRunner, StageGroup
 from hetswarm.client.training.neighbour_streams import NeighbourStreams
+from hetswarm.client.training.part_bounds import PartBounds
 from hetswarm.client.training.stage_start import start_stage
 from hetswarm.client.training.stage_worker import StageConfig, StepReport
 from hetswarm.protocol.codecs import encode_tensor
@@ -229,8 +230,8 @@ class _HostileAverages(ExactAllReduceRunner):
 def _without_checks() -> None:
     """Replaces, in this process, the checks of averages, parts and votes by ones that pass everything, and runs
     all-reduces without part statements or audits."""
-    ExactAllReduceRunner._average_refusal = lambda self, averaged, peer_index, part_index: None
-    ExactAllReduceRunner._refusal = lambda self, part, part_index: None
+    PartBounds.average_refusal = lambda self, averaged, peer_index, part_index: None
+    PartBounds.part_refusal = lambda self, part, part_index: None
     audited_init = ExactAllReduceRunner.__init__
 
     def unaudited_init(self, *args, private_key=None, **kwargs) -> None:

@@ -1,0 +1,97 @@
+"""Which links of this peer to measure, and when (client/peer/volunteer.py runs the rounds).
+
+Each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's pings wait behind the
+other side's payload on the same link; links count as symmetric, as the paper's model has them. A round measures
+the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a measurement is taken
+again after `reprobe_s`. A peer whose probe failed (crashed, until its record expires; or serving no probe handler)
+is tried again only after an exponential backoff, so that it never makes the prober spin.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
+
+from hetswarm.client.peer.link_probe import measure_link
+from hetswarm.client.peer.node import SwarmNode
+from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
+from hetswarm.protocol.records import LinkMeasurement
+
+if TYPE_CHECKING:
+    from hetswarm.client.peer.volunteer import VolunteerConfig
+
+__all__ = ["LinkProber"]
+
+logger = logging.getLogger(__name__)
+
+
+class LinkProber:
+    """This peer's link measurements and the probes that make them (module docstring)."""
+
+    def __init__(self, node: SwarmNode, config: VolunteerConfig, *, namespace: str) -> None:
+        self.node, self.config, self.namespace = node, config, namespace
+        self.links: dict[str, LinkMeasurement] = {}
+        self._failures: dict[str, int] = {}
+        """Failed probes in a row, per peer in view."""
+        self._retry_at: dict[str, float] = {}
+        """time.monotonic() before which a peer that failed its last probe is not probed again."""
+        self.probe_attempts: collections.Counter[str] = collections.Counter()
+        """Probes started, per peer: for logs and tests."""
+
+    def newest_links(self) -> dict[str, LinkMeasurement]:
+        """The links a record can hold (MAX_LINKS_PER_RECORD), the most recently measured, whatever was measured."""
+        newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
+        return dict(newest[:MAX_LINKS_PER_RECORD])
+
+    def wait_s(self, peers: list[str]) -> float:
+        """Seconds until one of the links to `peers` that this peer measures is due (`reprobe_s` if none)."""
+        return min((self._wait_before_probe(p) for p in self._mine(peers)), default=self.config.reprobe_s)
+
+    async def round(self, peers: list[str]) -> bool:
+        """Probes the due links to `peers` (the peers in view); forgets everything about peers no longer in view.
+        Returns whether a link was measured anew."""
+        due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
+        due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
+        measured = [peer for peer in due[:self.config.max_probes_per_round] if await self._probe_one(peer)]
+        in_view = set(peers)
+        self.links = {p: m for p, m in self.links.items() if p in in_view}
+        self._failures = {p: n for p, n in self._failures.items() if p in in_view}
+        self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
+        return bool(measured)
+
+    def _mine(self, peers: list[str]) -> list[str]:
+        """The peers whose link to us we measure: those with a larger id (module docstring)."""
+        return [p for p in peers if p > self.node.peer_id]
+
+    def _wait_before_probe(self, peer: str) -> float:
+        """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""
+        stale_in = self.links[peer].measured_at + self.config.reprobe_s - get_dht_time() if peer in self.links else 0.0
+        backoff_in = self._retry_at.get(peer, 0.0) - time.monotonic()
+        return max(stale_in, backoff_in, 0.0)
+
+    def _backoff_s(self, failures: int) -> float:
+        return min(self.config.probe_backoff_s * 2 ** min(failures - 1, 32), self.config.probe_backoff_max_s)
+
+    async def _probe_one(self, peer: str) -> bool:
+        """One probe of one peer: True with a new measurement; a failure sets the peer's next try (backoff)."""
+        self.probe_attempts[peer] += 1
+        try:
+            link = await measure_link(self.node.p2p, PeerID.from_base58(peer), namespace=self.namespace,
+                                      config=self.config.probe)
+        except Exception as e:  # a dead or misbehaving peer costs one probe per backoff, never the client
+            failures = self._failures[peer] = self._failures.get(peer, 0) + 1
+            wait_s = self._backoff_s(failures)
+            self._retry_at[peer] = time.monotonic() + wait_s
+            logger.debug(f"Probe of {short_id(peer)} failed ({failures} in a row), next try in {wait_s:.0f} s: {e!r}",
+                         exc_info=True)
+            return False
+        self._failures.pop(peer, None)
+        self._retry_at.pop(peer, None)
+        self.links[peer] = link
+        logger.info(f"Link to {short_id(peer)}: {link.latency_ms:.1f} ms, {link.bandwidth_mbps:.1f} Mbit/s")
+        return True
