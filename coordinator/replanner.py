@@ -66,24 +66,11 @@ class Replanner:
         """
         if self.current is not None:
             raise RuntimeError("adopt() is for a replanner that has published nothing yet")
-        if (reason := self._reason_not_to_adopt(assignment)) is not None:
+        if (reason := _reason_not_to_adopt(assignment, self.config)) is not None:
             logger.info(f"Not adopting plan v{assignment.version}: {reason}; planning afresh")
             return False
         self._in_force = assignment
         return True
-
-    def _reason_not_to_adopt(self, assignment: Assignment) -> str | None:
-        try:
-            model = assignment.model_config()
-        except (TypeError, ValueError) as e:
-            return f"its model config is invalid ({e})"
-        if replace(model, micro_batches=self.config.model.micro_batches) != self.config.model:  # a plan may need more
-            return f"it trains {model.name!r} with other settings than this run's {self.config.model.name!r}"
-        for name, fixed, found in (("d_dp", self.config.d_dp, assignment.d_dp),
-                                   ("d_pp", self.config.d_pp, assignment.d_pp)):
-            if fixed is not None and fixed != found:
-                return f"it has {name}={found}, this run asks for {fixed}"
-        return None
 
     def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
                      reasons: Mapping[str, str] | None = None) -> None:
@@ -249,3 +236,18 @@ class Replanner:
         if message != self._last_refusal:  # once per situation, not once per poll
             self._last_refusal = message
             logger.log(level, message)
+
+
+def _reason_not_to_adopt(assignment: Assignment, config: PlannerConfig) -> str | None:
+    """Why a previous run's plan does not fit this run's config, or None."""
+    try:
+        model = assignment.model_config()
+    except (TypeError, ValueError) as e:
+        return f"its model config is invalid ({e})"
+    if replace(model, micro_batches=config.model.micro_batches) != config.model:  # a plan may need more
+        return f"it trains {model.name!r} with other settings than this run's {config.model.name!r}"
+    for name, fixed, found in (("d_dp", config.d_dp, assignment.d_dp),
+                               ("d_pp", config.d_pp, assignment.d_pp)):
+        if fixed is not None and fixed != found:
+            return f"it has {name}={found}, this run asks for {fixed}"
+    return None

@@ -202,7 +202,8 @@ def test_a_volunteer_that_measured_more_links_than_a_record_holds_publishes_the_
     volunteer = Volunteer(node, HARDWARE, VolunteerConfig())
     peers = [f"Qm{index:044d}".translate(str.maketrans("0123456789", "abcdefghij"))  # base58 has no 0
              for index in range(MAX_LINKS_PER_RECORD + 44)]
-    volunteer.links = {peer: LinkMeasurement(latency_ms=10.0, bandwidth_mbps=100.0, measured_at=float(at), samples=3)
-                       for at, peer in enumerate(peers)}
+    volunteer.prober.links = {
+        peer: LinkMeasurement(latency_ms=10.0, bandwidth_mbps=100.0, measured_at=float(at), samples=3)
+        for at, peer in enumerate(peers)}
     record = volunteer.record()  # validated: it used to fail on its own record past the limit
     assert sorted(record.links) == sorted(peers[-MAX_LINKS_PER_RECORD:])

@@ -18,7 +18,7 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.link_probe import measure_link
 from hetswarm.client.peer.node import SwarmNode
-from hetswarm.protocol.keys import short_id
+from hetswarm.protocol.keys import probe_namespace, short_id
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
 from hetswarm.protocol.records import LinkMeasurement
 
@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 class LinkProber:
     """This peer's link measurements and the probes that make them (module docstring)."""
 
-    def __init__(self, node: SwarmNode, config: VolunteerConfig, *, namespace: str) -> None:
-        self.node, self.config, self.namespace = node, config, namespace
+    def __init__(self, node: SwarmNode, config: VolunteerConfig) -> None:
+        self.node, self.config = node, config
         self.links: dict[str, LinkMeasurement] = {}
         self._failures: dict[str, int] = {}
         """Failed probes in a row, per peer in view."""
@@ -42,6 +42,11 @@ class LinkProber:
         """time.monotonic() before which a peer that failed its last probe is not probed again."""
         self.probe_attempts: collections.Counter[str] = collections.Counter()
         """Probes started, per peer: for logs and tests."""
+
+    @property
+    def namespace(self) -> str:
+        """Where every peer of the swarm serves its probe handler (client/peer/link_probe.py)."""
+        return probe_namespace(self.node.config.swarm)
 
     def newest_links(self) -> dict[str, LinkMeasurement]:
         """The links a record can hold (MAX_LINKS_PER_RECORD), the most recently measured, whatever was measured."""

@@ -29,10 +29,9 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer
 from hetswarm.client.peer.link_prober import LinkProber
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.keys import probe_namespace
 from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_TOKEN_CHARS
 from hetswarm.protocol.record_store import check_ttl
-from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, PeerRecord, PeerState
+from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class Volunteer:
         self._on_assignment = on_assignment
         self._hook_tasks: set[asyncio.Task] = set()
         self.state: PeerState = "joining"
-        self.prober = LinkProber(node, config, namespace=self.namespace)
+        self.prober = LinkProber(node, config)
         self.peers: dict[str, PeerRecord] = {}
         self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
@@ -122,7 +121,12 @@ class Volunteer:
 
     @property
     def namespace(self) -> str:
-        return probe_namespace(self.node.config.swarm)
+        return self.prober.namespace
+
+    @property
+    def links(self) -> dict[str, LinkMeasurement]:
+        """This peer's link measurements (client/peer/link_prober.py)."""
+        return self.prober.links
 
     def record(self) -> PeerRecord:
         role = self.follower.role if self.follower else None

@@ -34,11 +34,10 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.client.peer.hivemind_compat import HookedAllReduceRunner
 from hetswarm.client.training.error_feedback import ErrorFeedback, Round
 from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO, PartBounds
-from hetswarm.client.training.reduction_audit import audit_reducer, audit_targets
+from hetswarm.client.training.reduction_audit import StatedParts, audit_reducer, audit_targets
 from hetswarm.client.training.robust_aggregation import centered_clip
 from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
-from hetswarm.protocol.errors import RejectedInput
-from hetswarm.protocol.part_statements import part_digest, read_statement, signed_statement
+from hetswarm.protocol.part_statements import part_digest, signed_statement
 from hetswarm.protocol.records import Aggregation
 from hetswarm.protocol.wire_format import Codec
 
@@ -134,12 +133,6 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
         """
         self.codec, self.feedback, self.feedback_round = codec, feedback, feedback_round
         self.private_key = private_key if codec == "fp32" else None
-        self.statements: dict[int, bytes] = {}
-        """Sender index → the statement of the parts it sent this reducer ..."""
-        self._stated: dict[int, list[str]] = {}
-        """... and the digests it lists."""
-        self.shown: dict[int, list[runtime_pb2.Tensor]] = {}
-        """Sender index → its parts as they came, to show an auditor."""
         self.audited: dict[int, torch.Tensor] = {}
         """Reducer index → its average of the part of its share this member audits ..."""
         self.audits: dict[int, asyncio.Task] = {}
@@ -162,6 +155,9 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
         self.aggregate = centered_clip if aggregation == "centered_clip" else exact_mean
         self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders, self.aggregate)
         sent = self.sent_parts
+        self.stated = None if self.private_key is None else StatedParts(
+            group_id=self.group_id, reducer=self.peer_id.to_base58(), parts=self.tensor_part_reducer.num_parts)
+        """Each sender's statement and parts, where statements are required (a private key, fp32)."""
         self.bounds = PartBounds(sent, own_index=self.ordered_peer_ids.index(self.peer_id), ratio=part_norm_ratio)
         """What a sender's part and a reducer's average may be (client/training/part_bounds.py)."""
         self.own_parts = [] if self.private_key is None else [part.clone() for part in self.parts_for_local_averaging]
@@ -200,26 +196,6 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
             if len(self.sent) == self.tensor_part_reducer.num_parts:
                 self.answered.set()
         return self.sent[part_index], self._decoded[part_index]
-
-    def _unstated(self, message: averaging_pb2.AveragingData, sender_index: int, part_index: int) -> str | None:
-        """Why a part is not one its sender stated (`parts_for_reducer`), or None; keeps it to show an
-        auditor. Only where statements are required (a private key, fp32)."""
-        if self.private_key is None:
-            return None
-        if part_index == 0:
-            try:
-                self._stated[sender_index] = read_statement(
-                    message.peer_id, group_id=self.group_id, sender=self.sender_peer_ids[sender_index].to_base58(),
-                    reducer=self.peer_id.to_base58(), parts=self.tensor_part_reducer.num_parts)
-            except RejectedInput as e:
-                return str(e)
-            self.statements[sender_index] = message.peer_id
-        if part_index >= len(self._stated[sender_index]):
-            return f"part {part_index}, more than the {len(self._stated[sender_index])} its signed statement lists"
-        if part_digest(message.tensor_part.buffer) != self._stated[sender_index][part_index]:
-            return f"part {part_index}, which its signed statement does not list"
-        self.shown.setdefault(sender_index, []).append(message.tensor_part)
-        return None
 
     async def communicate_with(self, peer_id: PeerID) -> None:
         if peer_id != self.peer_id:
@@ -302,7 +278,9 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
                                    f"{name(message.tensor_part.compression)}, the plan's {self.codec} is "
                                    f"{name(self.wire_compression.compression_type)}; leaving it out of the round")
                     break
-                if (refusal := self._unstated(message, sender_index, part_index)) is not None:
+                if self.stated is not None and (refusal := self.stated.refusal(
+                        message, sender_index=sender_index, sender=self.sender_peer_ids[sender_index].to_base58(),
+                        part_index=part_index)) is not None:
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent {refusal}; leaving it out of the round")
                     break
                 tensor_part = decode_tensor(message.tensor_part, self.codec)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from hivemind.compression import CompressionInfo
 from hivemind.p2p import PeerID
-from hivemind.proto import runtime_pb2
+from hivemind.proto import averaging_pb2, runtime_pb2
 
 from hetswarm.protocol.codecs import COMPRESSION_TYPES, decode_tensor, wire_bytes, wire_dtype_name
 from hetswarm.protocol.errors import RejectedInput
@@ -41,8 +41,8 @@ from hetswarm.protocol.rpc_messages import RevealRequest, encode_message, read_m
 if TYPE_CHECKING:
     from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner
 
-__all__ = ["AUDIT_TOLERANCE", "audit_reducer", "audit_targets", "parse_reveal_request", "reveal_request",
-           "shown_part"]
+__all__ = ["AUDIT_TOLERANCE", "StatedParts", "audit_reducer", "audit_targets", "parse_reveal_request",
+           "reveal_request", "shown_part"]
 
 AUDIT_TOLERANCE = 1e-5
 """How far, relative to its norm, a re-reduced average may be from the reducer's: CenteredClip adds parts in the order
@@ -71,6 +71,40 @@ def parse_reveal_request(request: runtime_pb2.ExpertRequest) -> tuple[bytes, int
     return bytes.fromhex(asked.group), asked.part, asked.sender
 
 
+class StatedParts:
+    """What a reducer's senders stated and sent it in one round: each sender's signed statement, the digests it lists,
+    and its parts as they came; each part is checked against its statement as it arrives, and kept to show an
+    auditor (`shown_part`)."""
+
+    def __init__(self, *, group_id: bytes, reducer: str, parts: int) -> None:
+        self.group_id, self.reducer, self.parts = group_id, reducer, parts
+        self.statements: dict[int, bytes] = {}
+        """Sender index → the statement of the parts it sent this reducer ..."""
+        self._stated: dict[int, list[str]] = {}
+        """... and the digests it lists ..."""
+        self.shown: dict[int, list[runtime_pb2.Tensor]] = {}
+        """... and its parts as they came."""
+
+    def refusal(self, message: averaging_pb2.AveragingData, *, sender_index: int, sender: str, part_index: int
+                ) -> str | None:
+        """Why a part is not one its sender stated, or None (the part is then kept); a stream's first message carries
+        the statement (ExactAllReduceRunner.parts_for_reducer)."""
+        if part_index == 0:
+            try:
+                self._stated[sender_index] = read_statement(message.peer_id, group_id=self.group_id, sender=sender,
+                                                            reducer=self.reducer, parts=self.parts)
+            except RejectedInput as e:
+                return str(e)
+            self.statements[sender_index] = message.peer_id
+        stated = self._stated[sender_index]
+        if part_index >= len(stated):
+            return f"part {part_index}, more than the {len(stated)} its signed statement lists"
+        if part_digest(message.tensor_part.buffer) != stated[part_index]:
+            return f"part {part_index}, which its signed statement does not list"
+        self.shown.setdefault(sender_index, []).append(message.tensor_part)
+        return None
+
+
 def shown_part(runner: ExactAllReduceRunner, part_index: int, sender_index: int) -> runtime_pb2.ExpertResponse:
     """What this reducer shows an auditor of part `part_index` of its share from sender `sender_index`: the part as
     it came, with the sender's statement; its own part with no statement; nothing for an index it does not hold.
@@ -82,8 +116,10 @@ def shown_part(runner: ExactAllReduceRunner, part_index: int, sender_index: int)
         own = runner.own_parts[part_index]
         part = runner.wire_compression.compress(own, CompressionInfo.from_tensor(own))
         return runtime_pb2.ExpertResponse(tensors=[part])
-    parts = runner.shown.get(sender_index, [])
-    return runtime_pb2.ExpertResponse(metadata=runner.statements.get(sender_index, b""),
+    if runner.stated is None:  # no statements in this round: nothing to show
+        return runtime_pb2.ExpertResponse()
+    parts = runner.stated.shown.get(sender_index, [])
+    return runtime_pb2.ExpertResponse(metadata=runner.stated.statements.get(sender_index, b""),
                                       tensors=parts[part_index:part_index + 1])
 
 

@@ -47,7 +47,7 @@ from hetswarm.client.training.run_ahead import Ahead, RunAhead
 from hetswarm.client.training.stage_passes import StagePasses
 from hetswarm.client.training.stage_state import StageState
 from hetswarm.client.training.step_clock import mark, start_clock, waiting
-from hetswarm.client.training.step_commit import CommitBoard
+from hetswarm.client.training.step_commit import CommitBoard, vote_for
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
 
@@ -208,12 +208,9 @@ class StageWorker:
         self.next_step = step + 1
         if checked and await waiting(self.replicas.check(step)):
             self.resyncs += 1
-        if logger.isEnabledFor(logging.DEBUG):  # built only when shown: this runs every step
-            logger.debug(f"Step {step} from {wall_clock:.3f} (wall clock): " + ", ".join(
-                f"{event} {at - clock.started:+.3f}" for event, at in sorted(clock.timeline, key=lambda e: e[1])))
+        clock.log_timeline(f"Step {step}", wall_clock)
         report = StepReport(step=step, loss=loss, compute_s=clock.compute_s, wait_s=clock.wait_s,
-                            wall_s=time.perf_counter() - clock.started,
-                            tokens=self.passes.tokens_per_step,
+                            wall_s=time.perf_counter() - clock.started, tokens=self.passes.tokens_per_step,
                             attempt=attempt, retries=self.retries, resyncs=self.resyncs,
                             computed_ahead=computed_ahead, rollbacks=self.rollbacks,
                             window_s=None if self.module.is_first else clock.window_s,
@@ -259,7 +256,7 @@ class StageWorker:
                 self._unreachable.update(error.peers)
             if error is not None and self.on_failure is not None:
                 self.on_failure(error)
-        vote, cause = await self.board.vote_for(key, succeeded, error, blame_grace_s=self.config.blame_grace_s)
+        vote, cause = await vote_for(self.board, key, succeeded, error, blame_grace_s=self.config.blame_grace_s)
         loss, grads = body.result() if succeeded else (None, [])
         before = None
         if capture is not None and succeeded:

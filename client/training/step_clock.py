@@ -7,6 +7,7 @@ task of its own beside the step before (client/training/run_ahead.py), and must 
 from __future__ import annotations
 
 import contextvars
+import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from typing import TypeVar
 __all__ = ["StepClock", "current_clock", "mark", "start_clock", "waiting"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -37,6 +40,12 @@ class StepClock:
         self.window_s = self.round_trip_s = 0.0
         self.arrived.clear()
         self.sent.clear()
+
+    def log_timeline(self, what: str, wall_clock: float) -> None:
+        """The marks at debug level, relative to the start; `wall_clock`: time.time() at the start."""
+        if logger.isEnabledFor(logging.DEBUG):  # built only when shown: this runs every step
+            logger.debug(f"{what} from {wall_clock:.3f} (wall clock): " + ", ".join(
+                f"{event} {at - self.started:+.3f}" for event, at in sorted(self.timeline, key=lambda e: e[1])))
 
     def add(self, earlier: StepClock) -> None:
         """Counts passes computed ahead, on `earlier`, as this step's."""

@@ -46,7 +46,7 @@ from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD,
 from hetswarm.protocol.vote_signing import forgery, signed_vote
 from hetswarm.protocol.votes import AbortedAttempt, SignedVote, VoteMessage, read_votes
 
-__all__ = ["CommitBoard", "StepKey"]
+__all__ = ["CommitBoard", "StepKey", "vote_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,22 +143,6 @@ class CommitBoard(Served, ServicerBase):
             return True
         except TimeoutError:
             return False
-
-    async def vote_for(self, key: StepKey, succeeded: bool, error: StageError | None, *, blame_grace_s: float
-                       ) -> tuple[bool | None, str | None]:
-        """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
-        (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own
-        while the member it blames has not voted success (cancelled streams and broken rounds follow an abort): a
-        vote would implicate peers that did nothing wrong (coordinator/failure_votes.py). A member that voted
-        success and failed us anyway is named, whatever else failed: that is how two partners of a hostile reducer
-        corroborate each other."""
-        if succeeded:
-            return True, None
-        if error is None:
-            return None, None
-        if await self.failed_within(key, blame_grace_s) and not self.succeeded(key, error.cause):
-            return None, None
-        return False, error.cause
 
     def aborted(self, step: int) -> list[AbortedAttempt]:
         """The failure votes this board holds for the last aborted attempts of the ABORT_WINDOW_STEPS steps up to
@@ -265,3 +249,20 @@ class CommitBoard(Served, ServicerBase):
             raise ValueError(f"votes for step {key[0]}, attempt {key[1]}: already {_MAX_KEYS} attempts held")
         self.record(key, message.votes, relayer=sender)
         return key
+
+
+async def vote_for(board: CommitBoard, key: StepKey, succeeded: bool, error: StageError | None, *,
+                   blame_grace_s: float) -> tuple[bool | None, str | None]:
+    """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
+    (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own
+    while the member it blames has not voted success (cancelled streams and broken rounds follow an abort): a
+    vote would implicate peers that did nothing wrong (coordinator/failure_votes.py). A member that voted
+    success and failed us anyway is named, whatever else failed: that is how two partners of a hostile reducer
+    corroborate each other."""
+    if succeeded:
+        return True, None
+    if error is None:
+        return None, None
+    if await board.failed_within(key, blame_grace_s) and not board.succeeded(key, error.cause):
+        return None, None
+    return False, error.cause
