@@ -211,14 +211,16 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def _defined_names(tree: ast.AST) -> set[str]:
-    """Every name a piece of source defines: functions, classes, attributes it assigns, module and local names."""
+def _defined_names(tree: ast.AST, *, own_attributes_only: bool = False) -> set[str]:
+    """Every name a piece of source defines: functions, classes, attributes it assigns (with `own_attributes_only`,
+    those of `self` or `cls` only: `key._private_key = ...` defines nothing of ours), module and local names."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
+            if not own_attributes_only or _root_name(node) in ("self", "cls"):
+                names.add(node.attr)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
     return names
@@ -299,7 +301,8 @@ def private_hivemind_uses(path: Path, ours: frozenset[str]) -> list[str]:
 
 
 def _our_names(files: list[Path]) -> frozenset[str]:
-    return frozenset(name for path in files for name in _defined_names(ast.parse(path.read_text(encoding="utf-8"))))
+    return frozenset(name for path in files
+                     for name in _defined_names(ast.parse(path.read_text(encoding="utf-8")), own_attributes_only=True))
 
 
 def test_the_private_hivemind_checker_sees_each_way_in(tmp_path):
@@ -311,10 +314,11 @@ def test_the_private_hivemind_checker_sees_each_way_in(tmp_path):
                    "class Runner(AllReduceRunner):\n    async def _ban_sender(self, peer): ...\n"
                    "class Servicer(ServicerBase):\n    def _ban_sender(self): ...\n"
                    "async def dial(p2p, peer):\n    await p2p._client.connect(peer, [])\n"
-                   "P2P.receive_raw_data = staticmethod(len)\nstate = object()._state\n")
-    found = private_hivemind_uses(bad, frozenset({"_state", "_ban_sender"}))
+                   "P2P.receive_raw_data = staticmethod(len)\nstate = object()._state\n"
+                   "def wrap(key):\n    key._private_key = None\n")
+    found = private_hivemind_uses(bad, _our_names([bad]) | {"_state", "_ban_sender"})
     assert sorted(line.split(": ", 1)[1] for line in found) == [
-        "." + "_client", "Runner overrides hivemind's _ban_sender",
+        "." + "_client", "." + "_private_key", "Runner overrides hivemind's _ban_sender",
         "imports hivemind.p2p.p2p_daemon_bindings.control.ControlClient", "replaces P2P.receive_raw_data"], found
 
 
