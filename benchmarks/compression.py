@@ -29,8 +29,8 @@ import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.plan import cost_plan
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.plan import cost_plan
 from hetswarm.protocol.network import Network
 
 BASELINE = "model"

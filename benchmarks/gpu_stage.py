@@ -7,7 +7,7 @@ stage's loss by micro_batch_loss and steps AdamW, as client/training/stage_worke
 a random gradient stands in for the next stage's. FLOPs are the cost model's (ModelConfig.flops_per_token_of:
 6·params + 12·L·T·d, PaLM Appendix B); MFU divides the achieved rate by the card's dense bf16 peak (NVIDIA's
 datasheets: 989 TFLOPS for the H100 and H200 SXM) and, beside it, by the rate the volunteer's probe measured.
-Prediction: coordinator/live_cost.py's StageCosts (parameters and AdamW state, and what the micro-batches in flight
+Prediction: coordinator/scheduling/live_cost.py's StageCosts (parameters and AdamW state, and what the micro-batches in flight
 keep). Needs only torch and transformers of hetswarm's dependencies; writes the card's section of
 benchmarks/RESULTS.md ("gpu-stage-h100" on an H100) and its figures as JSON.
 
@@ -29,7 +29,7 @@ from hetswarm.client.training.activation_memory import saved_for_backward
 from hetswarm.client.training.model import StageModule, build_stage
 from hetswarm.client.training.pipeline_schedule import pass_order
 from hetswarm.client.training.reference import micro_batch_loss
-from hetswarm.coordinator.live_cost import StageCosts, in_flight
+from hetswarm.coordinator.scheduling.live_cost import StageCosts, in_flight
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule, get_model_config
 
 SEED = 0

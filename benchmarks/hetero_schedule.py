@@ -18,11 +18,11 @@ import sys
 
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
-from hetswarm.coordinator.cost_model import Payloads
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
-from hetswarm.coordinator.live_objective import fitting
-from hetswarm.coordinator.scheduler import find_plan
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.cost_model import Payloads
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.scheduling.live_objective import fitting
+from hetswarm.coordinator.scheduling.scheduler import find_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import HARDWARE_SCENARIOS, load_network
@@ -114,7 +114,7 @@ def main() -> None:
         "",
         f"`{command_line()}`",
         "",
-        "paper-gpt3-xl, 64 devices; predicted step seconds (live model, coordinator/live_cost.py: "
+        "paper-gpt3-xl, 64 devices; predicted step seconds (live model, coordinator/scheduling/live_cost.py: "
         "all-reduces + compute at each stage's slowest device, bubble and per-micro-batch hops + commit vote). Every "
         "plan runs the way the live plan runs; a plan "
         "that knows no cut gets the even one.",

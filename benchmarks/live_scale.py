@@ -18,12 +18,12 @@ import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 from scheduler import geo_swarm
 
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import NoFeasiblePlan, predict_step_s
-from hetswarm.coordinator.live_objective import Hardware, fitting
-from hetswarm.coordinator.plan import cost_plan
-from hetswarm.coordinator.scheduler import find_plan
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.scheduling.live_objective import Hardware, fitting
+from hetswarm.coordinator.scheduling.plan import cost_plan
+from hetswarm.coordinator.scheduling.scheduler import find_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import Network, load_network
@@ -102,8 +102,8 @@ def geo_rows(specs: list[str], args: argparse.Namespace) -> None:
         f"scenario's; paper-gpt3-xl, {args.stages} stages. Predicted step seconds (live model). The longer run "
         "searches as many times as long (in brackets) from the same seed. Random placements run the first way "
         "they fit with the even cut, as the coordinator runs them. The wall time is the whole plan's "
-        "(coordinator/scheduler.py `find_plan`). The search columns price what the search optimises, every hop at "
-        "its boundary's slowest pipeline's (coordinator/live_objective.py), which bounds the plan's price as "
+        "(coordinator/scheduling/scheduler.py `find_plan`). The search columns price what the search optimises, every hop at "
+        "its boundary's slowest pipeline's (coordinator/scheduling/live_objective.py), which bounds the plan's price as "
         "deployed from above, while random placements are priced as deployed: the gains vs random are at least "
         "those shown.",
         "",

@@ -17,12 +17,12 @@ from importlib import resources
 import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
-from hetswarm.coordinator.baselines import default_placement, random_placement
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.paper_ga import paper_ga
-from hetswarm.coordinator.plan import plan_from_partition
-from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.baselines import default_placement, random_placement
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.paper_ga import paper_ga
+from hetswarm.coordinator.scheduling.plan import plan_from_partition
+from hetswarm.coordinator.scheduling.scheduler import ScheduleResult, find_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import PAPER_SCENARIOS, Network, load_network
 

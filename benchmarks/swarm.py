@@ -59,7 +59,7 @@ scenario with every bandwidth × {args.bandwidth_scale} (so that the tiny model'
 gradient all-reduce per stage outweigh its compute on the shared CPU); tiny model, 2 pipelines × 4 stages, GPipe
 with 2 micro-batches, fp16 activations on the wire. Each plan runs on a fresh swarm of the same identities and
 sites; {config.warmup_steps} warm-up steps, then {args.steps} measured. Measured: median over the 8 peers of the
-step period from their Progress records. Predicted: the coordinator's live cost model (coordinator/live_cost.py: all-reduces,
+step period from their Progress records. Predicted: the coordinator's live cost model (coordinator/scheduling/live_cost.py: all-reduces,
 per-micro-batch hops, compute and bubble, on the measured links and TFLOPS) as published in the assignment.
 
 | plan | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | predicted DataP (s) | predicted pipeline transfers (s) | slower than scheduled |

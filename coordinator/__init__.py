@@ -1,17 +1,7 @@
-"""Scheduling: the DT-FM cost model, its exact inner solvers and the evolutionary search (numpy/scipy only; the
-model shapes it prices are hetswarm.protocol.model_config, since they travel in every Assignment, and the networks
-it plans over are hetswarm.protocol.network, since link emulation reads the same scenarios).
+"""The coordinator: the DT-FM scheduler (scheduling/, numpy/scipy only) and the peer that runs it for a swarm.
 
- * cost_model.py   - Payloads, CostBreakdown, the CostEvaluator protocol and PaperCostModel (DataP + 2·PipeP)
- * matching.py     - bottleneck perfect matching between two stage groups (threshold search + augmenting paths)
- * tsp.py          - open-path TSP over stage groups: exact Held–Karp, heuristic beyond 12 groups
- * neighbourhood.py - candidates, cached terms and swap local search with incremental evaluation
- * search.py       - SearchConfig and the project's memetic search
- * paper_ga.py     - the paper's hybrid GA, re-implemented as a baseline
- * baselines.py    - random and default (device-order) placement
- * plan.py         - Plan (stage × replica grid), cost_plan, plan_from_partition
- * scheduler.py    - find_plan: network + payloads in, deployable plan out
- * live_cost.py    - the live cost model: paper communication + per-peer compute + pipeline bubble + memory
+ * scheduling/     - the cost models, the exact inner solvers, the search and its baselines: pure, no hivemind,
+                     torch or pydantic (tests/test_import_doors.py), so a researcher plans on a laptop
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
  * planner.py      - proposals: shape choice, placement, live price
  * replanner.py    - Replanner: when a proposal becomes a published plan (debounce, hysteresis, sticky roles, adopt)
@@ -24,6 +14,7 @@ it plans over are hetswarm.protocol.network, since link emulation reads the same
  * sticky.py       - stages peers hold, the price of moving them, the plan in force with its gaps filled
  * admission.py    - who may be planned: everyone, or (closed) the allow-list and holders of our join tokens
  * claims.py       - claimed TFLOPS against reported compute times; liars priced by what they do
+ * loss_watch.py   - the members' losses, corroborated: a spike that rolls the swarm back to a checkpoint
  * assignment_record.py - the signed Assignment built from a priced proposal, with the plan's one price
  * recovery.py     - a restarted coordinator: versions above the swarm's, the plan in force taken over
  * state_sourcing.py - where each new plan's state comes from, and what that needs remembered across plans
@@ -31,10 +22,10 @@ it plans over are hetswarm.protocol.network, since link emulation reads the same
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """
-from hetswarm.coordinator.cost_model import CostBreakdown, CostEvaluator, PaperCostModel, Payloads
-from hetswarm.coordinator.plan import Plan, cost_plan, plan_from_partition
-from hetswarm.coordinator.scheduler import ScheduleResult, find_plan
-from hetswarm.coordinator.search import SearchConfig, SearchProgress
+from hetswarm.coordinator.scheduling.cost_model import CostBreakdown, CostEvaluator, PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.plan import Plan, cost_plan, plan_from_partition
+from hetswarm.coordinator.scheduling.scheduler import ScheduleResult, find_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig, SearchProgress
 from hetswarm.protocol.network import InvalidNetwork, Network, load_network
 
 __all__ = [

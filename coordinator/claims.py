@@ -3,7 +3,7 @@
 A peer's record claims a TFLOPS figure, and placement trusts it; a peer that claims 100× what it has would get a
 stage it cannot keep up with, and slow every pipeline. Under a plan, each member reports the seconds its stage's
 compute took per step, so the coordinator knows the FLOPs it did in that time (the live cost model's F_s·B/D_DP,
-coordinator/live_cost.py) and hence the TFLOPS it achieves. Training never reaches a matmul benchmark's peak,
+coordinator/scheduling/live_cost.py) and hence the TFLOPS it achieves. Training never reaches a matmul benchmark's peak,
 so achieved/claimed (the peer's efficiency) is compared with the median efficiency of the plan's members. A peer
 whose efficiency is off the median by more than `trust_band`, either way, is priced by what it does: at the TFLOPS
 that would give it the median efficiency (a card throttled, shared or mis-probed computes unlike its figure). One far
@@ -41,7 +41,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from hetswarm.coordinator.live_cost import Execution, StageCosts
+from hetswarm.coordinator.scheduling.live_cost import Execution, StageCosts
 from hetswarm.protocol.limits import MAX_TFLOPS
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 

@@ -20,19 +20,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hetswarm.coordinator.baselines import default_placement, random_placement
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import (
+from hetswarm.coordinator.scheduling.baselines import default_placement, random_placement
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import (
     Execution,
     LiveBreakdown,
     NoFeasiblePlan,
     StageCosts,
     predict_step_s,
 )
-from hetswarm.coordinator.live_objective import Hardware, execution_options, fitting
-from hetswarm.coordinator.plan import Plan, cost_plan
-from hetswarm.coordinator.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.live_objective import Hardware, execution_options, fitting
+from hetswarm.coordinator.scheduling.plan import Plan, cost_plan
+from hetswarm.coordinator.scheduling.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_ids
@@ -122,7 +122,7 @@ class Proposal:
     model: ModelConfig
     wire: WireFormat
     execution: Execution
-    """The plan's cut of the layers, micro-batches and recomputation (coordinator/live_cost.py)."""
+    """The plan's cut of the layers, micro-batches and recomputation (coordinator/scheduling/live_cost.py)."""
     standbys: tuple[str, ...] = ()
 
     @property
@@ -261,7 +261,7 @@ def _least_memory_gib(model: ModelConfig, *, d_dp: int, d_pp: int) -> float:
 
 def _place(view: SwarmView, model: ModelConfig, placement: Placement, *, d_dp: int, d_pp: int,
            search: SearchConfig, wire: WireFormat) -> tuple[np.ndarray, Execution]:
-    """The grid and how it runs: the live objective's (coordinator/live_objective.py), or a baseline's (the paper
+    """The grid and how it runs: the live objective's (coordinator/scheduling/live_objective.py), or a baseline's (the paper
     objective's included) with the model's even cut, run the first way that fits.
 
     Raises:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, deployed, propose, reprice
 from hetswarm.coordinator.reports import REACHED_NOBODY
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id, short_ids

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import edge_time_s
-from hetswarm.coordinator.live_cost import NoFeasiblePlan
+from hetswarm.coordinator.scheduling.cost_model import edge_time_s
+from hetswarm.coordinator.scheduling.live_cost import NoFeasiblePlan
 from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig

@@ -1,5 +1,6 @@
 """Names both ends must agree on: DHT keys and P2P handler namespaces of one swarm, derived from its name so that
-several swarms can share one DHT; and the short form of a peer id that people read."""
+several swarms can share one DHT; the key of one attempt of a step, which every frame, vote and all-reduce round of
+it carries; and the short form of a peer id that people read."""
 from __future__ import annotations
 
 import re
@@ -15,6 +16,10 @@ PEERS_FIELD = "peers"
 ASSIGNMENT_FIELD = "assignment"
 PROGRESS_FIELD = "progress"
 REFUSED_FIELD = "refused"
+
+AttemptKey = tuple[int, int]
+"""(step, attempt): one attempt of a step. A retried step is the same step under attempt + 1 with the same data, so
+nothing of an aborted attempt (a frame, a vote, an all-reduce part, a residual) is ever taken for the retry's."""
 
 
 def check_swarm_name(swarm: str) -> str:

@@ -195,7 +195,7 @@ class BottleneckHop(_Record):
     estimated: StrictBool
     """The link was not measured: its figures are the coordinator's estimate (coordinator/swarm_view.py)."""
     micro_batch_s: _Seconds
-    """One micro-batch's activations (or gradients) across it: the live model's hop term (coordinator/live_cost.py)."""
+    """One micro-batch's activations (or gradients) across it: the live model's hop term (coordinator/scheduling/live_cost.py)."""
 
 
 class Assignment(_Record):
@@ -216,10 +216,10 @@ class Assignment(_Record):
     breakdown: dict[constr(strict=True, max_length=64), _Seconds]
     micro_batches: conint(strict=True, ge=1, le=MAX_STEP)
     recompute: StrictBool = False
-    """Stages recompute their activations in the backward pass instead of keeping them (coordinator/live_cost.py,
+    """Stages recompute their activations in the backward pass instead of keeping them (coordinator/scheduling/live_cost.py,
     Execution): the plan's way to fit stages into its peers' memory."""
     schedule: PipelineSchedule = "gpipe"
-    """1F1B holds fewer micro-batches' activations at once than GPipe, for the same step time (coordinator/live_cost.py,
+    """1F1B holds fewer micro-batches' activations at once than GPipe, for the same step time (coordinator/scheduling/live_cost.py,
     Memory)."""
     step: _Step
     """Optimizer step the plan starts at (learning-rate schedule position)."""

@@ -14,7 +14,7 @@ from hetswarm.client.peer.assignment_follower import AssignmentFollower, check_c
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.planner import PlannerConfig, propose
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import HetswarmError, RecordTooLarge
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, dht_key

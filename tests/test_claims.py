@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from hetswarm.coordinator.claims import ClaimCheck
-from hetswarm.coordinator.live_cost import Execution, StageCosts
 from hetswarm.coordinator.planner import PlannerConfig, propose
+from hetswarm.coordinator.scheduling.live_cost import Execution, StageCosts
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.records import Progress
 from tests.helpers.plans import MODEL, SEARCH, plan, worldwide_records

@@ -18,7 +18,7 @@ from hetswarm.client.peer.link_probe import ProbeServicer, unanswered
 from hetswarm.coordinator.broadcaster import BroadcastConfig, Broadcaster
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.replanner import Replanner
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords

@@ -35,7 +35,7 @@ from hetswarm.coordinator.run_state import (
     start_step,
     state_path_for,
 )
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.cost_model import InvalidPlanShape, PaperCostModel, Payloads
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import PAPER_SCENARIOS, InvalidNetwork, Network, load_network
 from tests.helpers.scheduler_oracles import brute_cost, random_network

@@ -19,7 +19,7 @@ import pytest
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.coordinator import Payloads, SearchConfig, cost_plan, find_plan, load_network
-from hetswarm.coordinator.cost_model import PaperCostModel
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import SCENARIOS
 

@@ -24,7 +24,7 @@ from hetswarm.coordinator.broadcaster import troubles
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.model_config import get_model_config

@@ -1,9 +1,9 @@
 """The doors between the rooms stay where the README says they are.
 
- * The scheduler (hetswarm.coordinator and its pure modules) imports without hivemind, torch or pydantic, so a
-   researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm schedule` runs
-   without hivemind or torch, checked by running it in one; the CLI and the training runtime load transformers
-   only for a Hugging Face model; a stage's compute imports without hivemind or pydantic.
+ * The scheduler (hetswarm.coordinator and every module of coordinator/scheduling/) imports without hivemind, torch
+   or pydantic, so a researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm
+   schedule` runs without hivemind or torch, checked by running it in one; the CLI and the training runtime load
+   transformers only for a Hugging Face model; a stage's compute imports without hivemind or pydantic.
  * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
    client/cli imports the CLI; client/peer reaches, of hetswarm, only protocol and itself, client/training only
    protocol, client.peer and itself: checked statically, from every import statement in the source files (also
@@ -26,17 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {"protocol": "hetswarm.protocol", "coordinator": "hetswarm.coordinator", "client": "hetswarm.client"}
 
 SCHEDULER_MODULES = [
-    "hetswarm.coordinator",
-    "hetswarm.coordinator.scheduler",
-    "hetswarm.coordinator.search",
-    "hetswarm.coordinator.cost_model",
-    "hetswarm.protocol.network",
-    "hetswarm.coordinator.plan",
-    "hetswarm.coordinator.baselines",
-    "hetswarm.coordinator.paper_ga",
-    "hetswarm.coordinator.live_cost",
-    "hetswarm.protocol.model_config",
+    "hetswarm.coordinator", "hetswarm.protocol.network", "hetswarm.protocol.model_config",
+    *(f"hetswarm.coordinator.scheduling.{path.stem}" for path in sorted((ROOT / "coordinator" / "scheduling").glob("*.py"))
+      if path.stem != "__init__"),
 ]
+"""The scheduler: the coordinator package itself, every module of coordinator/scheduling/, and what they price."""
 HEAVY_PACKAGES = ["hivemind", "torch", "pydantic"]
 
 # Runs in a fresh interpreter: imports the modules, then runs the `hetswarm` command line if one is given (its

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
-from hetswarm.coordinator.plan import cost_plan
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan, predict_step_s, stage_memory_bytes
+from hetswarm.coordinator.scheduling.plan import cost_plan
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.network import Network
 

@@ -1,4 +1,4 @@
-"""The live cost model as the search's objective (coordinator/live_objective.py), checked against brute force: on
+"""The live cost model as the search's objective (coordinator/scheduling/live_objective.py), checked against brute force: on
 small random swarms of mixed speed and memory, the search finds the partition, stage order and cut of the layers
 that the live model itself (`predict_step_s` of the deployed plan, as the search sees it: `as_searched`)
 prices lowest among all of them, in the way of running the stages the scheduler chooses (the first that fits, unless
@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.baselines import greedy_placement
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import (
+from hetswarm.coordinator.scheduling.baselines import greedy_placement
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import (
     Execution,
     ExecutionOption,
     LiveBreakdown,
@@ -21,11 +21,11 @@ from hetswarm.coordinator.live_cost import (
     predict_step_s,
     stage_memory_bytes,
 )
-from hetswarm.coordinator.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
-from hetswarm.coordinator.neighbourhood import CachedEvaluator
-from hetswarm.coordinator.plan import plan_from_partition
-from hetswarm.coordinator.scheduler import WAY_MARGIN, find_plan, find_shaped_plan
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.live_objective import PENALTY_S_PER_GIB, Hardware, LiveCostModel, execution_options
+from hetswarm.coordinator.scheduling.neighbourhood import CachedEvaluator
+from hetswarm.coordinator.scheduling.plan import plan_from_partition
+from hetswarm.coordinator.scheduling.scheduler import WAY_MARGIN, find_plan, find_shaped_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import Network
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
@@ -69,7 +69,7 @@ def slowest_of_group(tflops: np.ndarray, grid: np.ndarray) -> np.ndarray:
 def as_searched(plan, tflops: np.ndarray, memory: np.ndarray, latency_ms: np.ndarray,
                 execution: Execution) -> LiveBreakdown:
     """The live model's price of a plan as the search sees it: every device as slow as its stage group's slowest,
-    every hop as its stage boundary's slowest (coordinator/live_objective.py)."""
+    every hop as its stage boundary's slowest (coordinator/scheduling/live_objective.py)."""
     return predict_step_s(plan, MODEL, tflops=slowest_of_group(tflops, plan.grid), memory_gib=memory,
                           latency_ms=latency_ms, execution=execution, slowest_hops=True)
 

@@ -6,7 +6,7 @@ import pytest
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
-from hetswarm.coordinator.matching import bottleneck_matching
+from hetswarm.coordinator.scheduling.matching import bottleneck_matching
 from tests.helpers.scheduler_oracles import brute_bottleneck
 
 

@@ -42,7 +42,7 @@ ACTIVATION_MODELS = [
 @pytest.mark.parametrize("stage", [0, 1, 2])
 @pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
 def test_activation_bytes_are_what_autograd_saves_under_bf16_autocast(config, stage, recompute):
-    """The cost model's memory per micro-batch in flight (coordinator/live_cost.py) is what a stage's forward keeps,
+    """The cost model's memory per micro-batch in flight (coordinator/scheduling/live_cost.py) is what a stage's forward keeps,
     byte for byte, as the CUDA path runs it; recomputing layers keep only their fp32 inputs."""
     module = build_stage(config, stage, 3, seed=0, recompute=recompute)
     layers, where = 2, {"first": stage == 0, "last": stage == 2}
@@ -104,7 +104,7 @@ def test_chained_stages_compute_the_full_model():
 
 @pytest.mark.parametrize("cut", [((0, 1), (1, 4)), ((0, 3), (3, 4)), ((0, 1), (1, 2), (2, 4))])
 def test_an_uneven_cut_with_recomputation_gives_the_full_model_s_loss_and_gradients(cut):
-    """A plan may give a stage fewer layers and make it recompute its activations (coordinator/live_cost.py,
+    """A plan may give a stage fewer layers and make it recompute its activations (coordinator/scheduling/live_cost.py,
     Execution): the chain of such stages computes what the full model does, gradients included."""
     tokens = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
     targets = torch.roll(tokens, -1, dims=1)

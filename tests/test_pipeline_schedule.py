@@ -2,7 +2,7 @@
 
 Pure: each stage runs its pass order on its own clock; a forward waits for the previous stage's forward of the same
 micro-batch, a backward for the next stage's backward and its own forward. The play checks that no schedule
-deadlocks, that a stage holds no more micro-batches than the live model charges for (coordinator/live_cost.py,
+deadlocks, that a stage holds no more micro-batches than the live model charges for (coordinator/scheduling/live_cost.py,
 `in_flight`), and that the live model's compute + bubble terms are GPipe's makespan and bound 1F1B's.
 """
 import itertools
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hetswarm.client.training.pipeline_schedule import pass_order
-from hetswarm.coordinator.live_cost import in_flight
+from hetswarm.coordinator.scheduling.live_cost import in_flight
 
 SHAPES = [(d_pp, m) for d_pp, m in itertools.product(range(1, 6), range(1, 9))]
 

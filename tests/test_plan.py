@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.baselines import default_placement, random_placement
-from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.plan import cost_plan, plan_from_partition
+from hetswarm.coordinator.scheduling.baselines import default_placement, random_placement
+from hetswarm.coordinator.scheduling.cost_model import InvalidPlanShape, PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.plan import cost_plan, plan_from_partition
 from tests.helpers.scheduler_oracles import random_network
 
 PAYLOADS = Payloads(dp_bytes=0.4e9, pp_bytes=0.3e9)

@@ -6,12 +6,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, stage_memory_bytes
-from hetswarm.coordinator.live_objective import execution_options
 from hetswarm.coordinator.planner import PLACEMENTS, PlannerConfig, propose
 from hetswarm.coordinator.replanner import Replanner
-from hetswarm.coordinator.scheduler import candidate_shapes, shapes_in_time, speed_tiers
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan, stage_memory_bytes
+from hetswarm.coordinator.scheduling.live_objective import execution_options
+from hetswarm.coordinator.scheduling.scheduler import candidate_shapes, shapes_in_time, speed_tiers
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.wire_format import WireFormat

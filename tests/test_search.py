@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.paper_ga import paper_ga
-from hetswarm.coordinator.scheduler import find_plan
-from hetswarm.coordinator.search import SearchConfig, search
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.paper_ga import paper_ga
+from hetswarm.coordinator.scheduling.scheduler import find_plan
+from hetswarm.coordinator.scheduling.search import SearchConfig, search
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import load_network
 from tests.helpers.scheduler_oracles import balanced_partitions, random_network

@@ -4,7 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.tsp import EXACT_MAX_NODES, held_karp_path, heuristic_path, path_cost, shortest_path
+from hetswarm.coordinator.scheduling.tsp import (
+    EXACT_MAX_NODES,
+    held_karp_path,
+    heuristic_path,
+    path_cost,
+    shortest_path,
+)
 from tests.helpers.scheduler_oracles import brute_path
 
 

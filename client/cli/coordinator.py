@@ -28,7 +28,7 @@ from hetswarm.coordinator.admission import load_allow_list
 from hetswarm.coordinator.broadcaster import BroadcastConfig
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.run_state import state_path_for
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.protocol.errors import ConfigError, HetswarmError, RejectedInput
 from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
 

@@ -6,7 +6,6 @@ It imports neither torch nor hivemind (tests/test_import_doors.py), so it starts
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,21 +15,19 @@ import typer
 from rich.table import Table
 
 from hetswarm.client.cli.options import JsonOpt, VerboseOpt, configure_logging, console, err_console, new_app
-from hetswarm.coordinator.baselines import default_placement, greedy_placement, random_placement
-from hetswarm.coordinator.cost_model import InvalidPlanShape, PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan, predict_step_s
-from hetswarm.coordinator.live_objective import Hardware
-from hetswarm.coordinator.paper_ga import paper_ga
-from hetswarm.coordinator.plan import Plan, plan_from_partition
-from hetswarm.coordinator.scheduler import ShapedResult, find_plan, find_shaped_plan
-from hetswarm.coordinator.search import SearchConfig, SearchProgress
+from hetswarm.coordinator.scheduling.baselines import baseline_plans
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan, predict_step_s
+from hetswarm.coordinator.scheduling.live_objective import Hardware
+from hetswarm.coordinator.scheduling.plan import Plan
+from hetswarm.coordinator.scheduling.scheduler import ShapedResult, find_plan, find_shaped_plan, plan_degrees
+from hetswarm.coordinator.scheduling.search import SearchConfig, SearchProgress
 from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
 from hetswarm.protocol.network import SCENARIOS, Network, load_network
 
 PAPER_MODEL = "paper-gpt3-xl"
-PAPER_DEVICES = 64
 """A 64-device network is planned as the paper plans it (8 × 8, paper-gpt3-xl) unless told otherwise."""
 
 
@@ -73,7 +70,7 @@ def schedule(
     configure_logging(verbose)
     network = load_network(scenario)
     choose_dp, choose_pp = dp == "auto", pp == "auto"
-    d_dp, d_pp = _degrees(network.n_devices, None if choose_dp else _number("--dp", dp),
+    d_dp, d_pp = plan_degrees(network.n_devices, None if choose_dp else _number("--dp", dp),
                           None if choose_pp else _number("--pp", pp))
     payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
     hardware = _hardware(scenario, model, known=dp_bytes is None)
@@ -182,21 +179,6 @@ def _number(option: str, value: str | None) -> int | None:
         raise RejectedInput(f"{option} must be a number or auto, got {value!r}") from None
 
 
-def _degrees(n_devices: int, dp: int | None, pp: int | None) -> tuple[int, int]:
-    if dp is None and pp is None:
-        if n_devices == PAPER_DEVICES:
-            return 8, 8
-        pp = max(d for d in range(1, math.isqrt(n_devices) + 1) if n_devices % d == 0)
-    given = dp if dp is not None else pp
-    if given is not None and (given < 1 or n_devices % given):
-        raise InvalidPlanShape(f"{given} does not divide the {n_devices} devices; --dp × --pp must equal their count")
-    dp = n_devices // pp if dp is None else dp
-    pp = n_devices // dp if pp is None else pp
-    if dp * pp != n_devices:
-        raise InvalidPlanShape(f"--dp × --pp = {dp} × {pp} = {dp * pp}, but the network has {n_devices} devices")
-    return dp, pp
-
-
 def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_dp: int, d_pp: int) -> Payloads:
     if (dp_bytes is None) != (pp_bytes is None):
         raise RejectedInput("give both --dp-bytes and --pp-bytes, or neither (then --model sets them)")
@@ -208,16 +190,9 @@ def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_d
 def _baselines(network: Network, payloads: Payloads, *, d_dp: int, d_pp: int, seed: int, ga_candidates: int,
                random_samples: int, hardware: Hardware | None, runs: Execution | None) -> dict[str, dict[str, Any]]:
     """Each baseline's paper cost and, with hardware, its live price (`_even`)."""
-    model = PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp)
-    ga = paper_ga(model, candidates=ga_candidates, seed=seed)
-    plans = {
-        f"random placement (best of {random_samples})": random_placement(model, samples=random_samples, seed=seed),
-        "default placement (device order)": default_placement(model),
-        f"paper GA ({ga.candidates} candidates, {ga.elapsed_s:.1f} s)": plan_from_partition(
-            model, ga.best.partition, ga.best.order),
-    }
-    if hardware is not None:
-        plans["greedy placement (fastest devices first)"] = greedy_placement(model, hardware.tflops)
+    plans = baseline_plans(PaperCostModel(network, payloads, d_dp=d_dp, d_pp=d_pp), seed=seed,
+                           ga_candidates=ga_candidates, random_samples=random_samples,
+                           tflops=hardware.tflops if hardware is not None else None)
     return {name: {"cost": plan.cost_s} | (_live_price(plan, hardware, network, _even(runs, hardware.model))
                                            if hardware is not None else {})
             for name, plan in plans.items()}

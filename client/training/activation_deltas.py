@@ -27,14 +27,13 @@ from hivemind.proto import runtime_pb2
 
 from hetswarm.protocol.codecs import decode_tensor, encode_tensor
 from hetswarm.protocol.framing import FrameError
+from hetswarm.protocol.keys import AttemptKey
 from hetswarm.protocol.wire_format import Codec
 
 __all__ = ["RESEND_WHOLE", "DeltaBase", "DeltaBuffers", "Sample", "buffer_bytes", "checksum"]
 
 Sample = tuple[int, int]
 """(data step, micro-batch): the same sample comes again every data_period steps."""
-AttemptKey = tuple[int, int]
-"""(step, attempt) whose frames made an update."""
 RESEND_WHOLE = "send it whole"
 """How a receiver's refusal of a delta ends: the sender then forgets its copy (any other refusal leaves it)."""
 

@@ -19,10 +19,9 @@ from collections.abc import Hashable
 
 import torch
 
-__all__ = ["ErrorFeedback", "Round"]
+from hetswarm.protocol.keys import AttemptKey
 
-Round = tuple[int, int]
-"""(step, attempt)."""
+__all__ = ["ErrorFeedback"]
 
 
 class ErrorFeedback:
@@ -33,7 +32,7 @@ class ErrorFeedback:
         self._made: dict[Hashable, torch.Tensor] = {}
         self._made_for: int | None = None
         """The step `_made` belongs to, once its round completed."""
-        self._round: Round | None = None
+        self._round: AttemptKey | None = None
 
     def begin(self, step: int, attempt: int = 0) -> None:
         """Starts a round of `step`: a later step than the last completed round's carries that round's residuals
@@ -49,13 +48,13 @@ class ErrorFeedback:
         carried = self._carried.get(key)
         return carried if carried is not None and carried.shape == like.shape else torch.zeros_like(like)
 
-    def record(self, round_: Round, key: Hashable, residual: torch.Tensor) -> None:
+    def record(self, round_: AttemptKey, key: Hashable, residual: torch.Tensor) -> None:
         """The residual `round_` made for `key`: what it meant to send minus what the receiver decodes; dropped
         when `round_` is no longer the round in progress (module docstring)."""
         if round_ == self._round:
             self._made[key] = residual
 
-    def complete(self, round_: Round) -> None:
+    def complete(self, round_: AttemptKey) -> None:
         """`round_` succeeded: its residuals are carried on if its step is committed (`begin` of a later step)."""
         if round_ == self._round:
             self._made_for = round_[0]

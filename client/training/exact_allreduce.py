@@ -32,11 +32,12 @@ from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.hivemind_compat import HookedAllReduceRunner
-from hetswarm.client.training.error_feedback import ErrorFeedback, Round
+from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO, PartBounds
 from hetswarm.client.training.reduction_audit import StatedParts, audit_reducer, audit_targets
 from hetswarm.client.training.robust_aggregation import centered_clip
 from hetswarm.protocol.codecs import allreduce_compression, decode_tensor
+from hetswarm.protocol.keys import AttemptKey
 from hetswarm.protocol.part_statements import part_digest, signed_statement
 from hetswarm.protocol.records import Aggregation
 from hetswarm.protocol.wire_format import Codec
@@ -123,7 +124,7 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
     """
 
     def __init__(self, *args, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-                 feedback: ErrorFeedback | None = None, feedback_round: Round = (0, 0),
+                 feedback: ErrorFeedback | None = None, feedback_round: AttemptKey = (0, 0),
                  part_norm_ratio: float | None = MAX_PART_NORM_RATIO, private_key: RSAPrivateKey | None = None,
                  **kwargs) -> None:
         """

@@ -108,7 +108,7 @@ class StageModule(nn.Module):
         super().__init__()
         self.recompute = recompute
         """Keep only each block's input for the backward pass and run the block again there (the plan says so
-        when the stage's activations would not fit: coordinator/live_cost.py, Execution)."""
+        when the stage's activations would not fit: coordinator/scheduling/live_cost.py, Execution)."""
         a, b = layers
         if not 0 <= a < b <= config.n_layers:
             raise ValueError(f"layer range [{a}, {b}) is not a non-empty part of {config.n_layers} layers")

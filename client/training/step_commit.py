@@ -42,16 +42,14 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.client.peer.served import Served
 from hetswarm.client.training.errors import CommitUnknown, StageError
+from hetswarm.protocol.keys import AttemptKey
 from hetswarm.protocol.limits import ABORT_WINDOW_STEPS, MAX_ABORTED_PER_RECORD, MAX_FAILURES_PER_ATTEMPT
 from hetswarm.protocol.vote_signing import forgery, signed_vote
 from hetswarm.protocol.votes import AbortedAttempt, SignedVote, VoteMessage, read_votes
 
-__all__ = ["CommitBoard", "StepKey", "vote_for"]
+__all__ = ["CommitBoard", "vote_for"]
 
 logger = logging.getLogger(__name__)
-
-StepKey = tuple[int, int]
-"""(step, attempt)."""
 
 _KEEP_STEPS = 3
 _POLL_MIN_S, _POLL_MAX_S = 0.02, 0.5
@@ -75,7 +73,7 @@ class CommitBoard(Served, ServicerBase):
         self.p2p, self.namespace, self.private_key = p2p, namespace, private_key
         self.members = frozenset(members)
         self._by_name = {peer.to_base58(): peer for peer in members}
-        self._votes: dict[StepKey, dict[PeerID, SignedVote]] = {}
+        self._votes: dict[AttemptKey, dict[PeerID, SignedVote]] = {}
         self._step: int | None = None
         """The step this board is at (`prune`); None before its first."""
         self.forgeries: dict[PeerID, str] = {}
@@ -83,7 +81,7 @@ class CommitBoard(Served, ServicerBase):
         self._past_aborts: deque[AbortedAttempt] = deque(maxlen=MAX_ABORTED_PER_RECORD)
         """The failure votes of aborted attempts of steps `prune` forgot: kept for `aborted`."""
         self._changed = asyncio.Event()
-        self._calls: dict[tuple[StepKey, PeerID], asyncio.Task] = {}
+        self._calls: dict[tuple[AttemptKey, PeerID], asyncio.Task] = {}
         """Exchanges in flight: a push outlives the decision it served, so that its member still hears our vote
         (`detach` waits for them)."""
 
@@ -96,7 +94,7 @@ class CommitBoard(Served, ServicerBase):
             call.cancel()
         await super().detach()
 
-    def record(self, key: StepKey, votes: Iterable[SignedVote], *, relayer: PeerID) -> None:
+    def record(self, key: AttemptKey, votes: Iterable[SignedVote], *, relayer: PeerID) -> None:
         """Merges the votes `relayer` brought that their members signed; a member's first vote for a key stands."""
         known = self._votes.setdefault(key, {})
         for vote in votes:
@@ -113,29 +111,29 @@ class CommitBoard(Served, ServicerBase):
                 self._name(peer, f"signed two votes (kept its {'success' if held.ok else 'failure'})", key)
         self._changed.set()
 
-    def _name(self, peer: PeerID, why: str, key: StepKey) -> None:
+    def _name(self, peer: PeerID, why: str, key: AttemptKey) -> None:
         self.forgeries[peer] = why
         logger.warning(f"{peer} {why} for step {key[0]}, attempt {key[1]}; refused")
 
-    def outcome(self, key: StepKey) -> bool | None:
+    def outcome(self, key: AttemptKey) -> bool | None:
         """False once any member voted failure, True once every member voted success, else None."""
         known = self._votes.get(key, {})
         if not all(vote.ok for vote in known.values()):
             return False
         return True if len(known) == len(self.members) else None
 
-    async def wait_failed(self, key: StepKey) -> None:
+    async def wait_failed(self, key: AttemptKey) -> None:
         """Returns once some member's failure vote for ``key`` is known here."""
         while self.outcome(key) is not False:
             self._changed.clear()
             await self._changed.wait()
 
-    def succeeded(self, key: StepKey, peer: str | None) -> bool:
+    def succeeded(self, key: AttemptKey, peer: str | None) -> bool:
         """Whether `peer`'s success vote for ``key`` is known here."""
         vote = self._votes.get(key, {}).get(self._by_name[peer]) if peer in self._by_name else None
         return vote is not None and vote.ok
 
-    async def failed_within(self, key: StepKey, seconds: float) -> bool:
+    async def failed_within(self, key: AttemptKey, seconds: float) -> bool:
         """Whether some member's failure vote for ``key`` is known here within `seconds`."""
         try:
             async with asyncio.timeout(seconds):
@@ -152,7 +150,7 @@ class CommitBoard(Served, ServicerBase):
                   if step - ABORT_WINDOW_STEPS <= aborted.step <= step]
         return recent[-MAX_ABORTED_PER_RECORD:]
 
-    def _failures(self, key: StepKey) -> AbortedAttempt | None:
+    def _failures(self, key: AttemptKey) -> AbortedAttempt | None:
         failures = sorted((vote for vote in self._votes.get(key, {}).values() if not vote.ok), key=lambda v: v.peer)
         if not failures:
             return None
@@ -167,7 +165,7 @@ class CommitBoard(Served, ServicerBase):
                 self._past_aborts.append(aborted)
             del self._votes[key]
 
-    async def decide(self, key: StepKey, vote: bool | None, *, cause: str | None = None, timeout_s: float) -> bool:
+    async def decide(self, key: AttemptKey, vote: bool | None, *, cause: str | None = None, timeout_s: float) -> bool:
         """Casts this peer's vote (a failure naming its `cause`, the member that failed it, when known) and returns
         the plan's decision: True to commit, False to abort. ``vote=None`` abstains: a peer that stopped because it
         learnt another's failure casts no vote of its own (it would implicate nobody truly at fault:
@@ -202,12 +200,12 @@ class CommitBoard(Served, ServicerBase):
             pause = min(2 * pause, _POLL_MAX_S)
         return outcome
 
-    def _call(self, peer: PeerID, key: StepKey) -> None:
+    def _call(self, peer: PeerID, key: AttemptKey) -> None:
         """Starts an exchange of votes with `peer` (at most one per key and peer at a time)."""
         call = self._calls[key, peer] = asyncio.create_task(self._exchange(peer, key))
         call.add_done_callback(lambda _: self._calls.pop((key, peer), None))
 
-    async def _exchange(self, peer: PeerID, key: StepKey) -> None:
+    async def _exchange(self, peer: PeerID, key: AttemptKey) -> None:
         stub = CommitBoard.get_stub(self.p2p, peer, namespace=self.namespace)
         try:
             response = await stub.rpc_exchange(runtime_pb2.ExpertRequest(metadata=self._encode(key)),
@@ -229,11 +227,11 @@ class CommitBoard(Served, ServicerBase):
             return runtime_pb2.ExpertResponse()
         return runtime_pb2.ExpertResponse(metadata=self._encode(key))
 
-    def _encode(self, key: StepKey) -> bytes:
+    def _encode(self, key: AttemptKey) -> bytes:
         votes = list(self._votes.get(key, {}).values())
         return VoteMessage(step=key[0], attempt=key[1], votes=votes).json().encode()
 
-    def _merge(self, metadata: bytes, expected: StepKey | None, *, sender: PeerID) -> StepKey:
+    def _merge(self, metadata: bytes, expected: AttemptKey | None, *, sender: PeerID) -> AttemptKey:
         """Records the votes in a peer's message; returns its key.
 
         Raises:
@@ -251,7 +249,7 @@ class CommitBoard(Served, ServicerBase):
         return key
 
 
-async def vote_for(board: CommitBoard, key: StepKey, succeeded: bool, error: StageError | None, *,
+async def vote_for(board: CommitBoard, key: AttemptKey, succeeded: bool, error: StageError | None, *,
                    blame_grace_s: float) -> tuple[bool | None, str | None]:
     """This peer's vote on an attempt: success; a failure naming the member that caused it; or none at all
     (abstain) when it stopped on another member's failure, or learns of one within `blame_grace_s` of its own

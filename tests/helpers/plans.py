@@ -7,7 +7,7 @@ import functools
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, propose
-from hetswarm.coordinator.search import SearchConfig
+from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.records import Assignment, PeerRecord

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import CostBreakdown, InvalidPlanShape, PaperCostModel, edge_time_s
+from hetswarm.coordinator.scheduling.cost_model import CostBreakdown, InvalidPlanShape, PaperCostModel, edge_time_s
 from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["BottleneckLink", "Plan", "cost_plan", "plan_from_partition"]
@@ -54,7 +54,7 @@ class Plan:
 
     def micro_batch_hops_s(self, micro_batches: int) -> np.ndarray:
         """(d_pp − 1, d_dp) every pipeline hop's time for one micro-batch's activations (or their gradients): the
-        live model's per-hop term (coordinator/live_cost.py)."""
+        live model's per-hop term (coordinator/scheduling/live_cost.py)."""
         return self.hop_latency_s + self.pp_gb / micro_batches * self.hop_s_per_gb
 
     @property

@@ -7,6 +7,7 @@ within its budget, and deploys the best partition along its bottleneck matchings
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -14,18 +15,18 @@ from operator import itemgetter
 
 import numpy as np
 
-from hetswarm.coordinator.baselines import greedy_placement
-from hetswarm.coordinator.cost_model import PaperCostModel, Payloads
-from hetswarm.coordinator.live_cost import Execution, NoFeasiblePlan
-from hetswarm.coordinator.live_objective import Hardware, LiveCostModel, execution_options
-from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate
-from hetswarm.coordinator.plan import Plan, plan_from_partition
-from hetswarm.coordinator.search import SearchConfig, SearchProgress, SearchResult, search
+from hetswarm.coordinator.scheduling.baselines import greedy_placement
+from hetswarm.coordinator.scheduling.cost_model import InvalidPlanShape, PaperCostModel, Payloads
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
+from hetswarm.coordinator.scheduling.live_objective import Hardware, LiveCostModel, execution_options
+from hetswarm.coordinator.scheduling.neighbourhood import CachedEvaluator, Candidate
+from hetswarm.coordinator.scheduling.plan import Plan, plan_from_partition
+from hetswarm.coordinator.scheduling.search import SearchConfig, SearchProgress, SearchResult, search
 from hetswarm.protocol.network import Network
 from hetswarm.protocol.units import BYTES_PER_GB
 
-__all__ = ["SPEED_GAP", "ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan", "find_shaped_plan",
-           "seed_partitions", "shapes_in_time", "speed_tiers"]
+__all__ = ["PAPER_DEVICES", "SPEED_GAP", "ScheduleResult", "ShapedResult", "candidate_shapes", "find_plan",
+           "find_shaped_plan", "plan_degrees", "seed_partitions", "shapes_in_time", "speed_tiers"]
 
 SPEED_GAP = 2.0
 """Devices this many times slower than the rest may be left standing by (`speed_tiers`)."""
@@ -51,7 +52,7 @@ def find_plan(
     balanced: bool = True,
 ) -> ScheduleResult:
     """Searches for the cheapest plan of D_DP × D_PP tasklets on `network`: under the paper's cost model, or, given
-    the devices' `hardware`, under the live one (coordinator/live_objective.py), with the layers cut for the
+    the devices' `hardware`, under the live one (coordinator/scheduling/live_objective.py), with the layers cut for the
     placement (`balanced`) or evenly, and the stages run a way that fits the devices' memory
     (`execution_options`): the search runs under the way its seeds choose (`_best_seeded`), or, when no seed
     fits any way, under each way in turn until one fits (skipping those that need no less memory anywhere than one
@@ -269,3 +270,28 @@ def _nearest_neighbour_order(edge_s: np.ndarray) -> np.ndarray:
         order.append(int(np.argmin(np.where(unvisited, edge_s[order[-1]], np.inf))))
         unvisited[order[-1]] = False
     return np.array(order)
+
+
+PAPER_DEVICES = 64
+"""The paper's device count (docs/dtfm.md), planned 8 × 8 as the paper does."""
+
+
+def plan_degrees(n_devices: int, dp: int | None, pp: int | None) -> tuple[int, int]:
+    """(D_DP, D_PP) for a plan of all `n_devices`, either given or chosen: the paper's 8 × 8 for its 64 devices,
+    else the most stages up to the square root that divide the devices.
+
+    Raises:
+        InvalidPlanShape: the degrees do not multiply to the device count.
+    """
+    if dp is None and pp is None:
+        if n_devices == PAPER_DEVICES:
+            return 8, 8
+        pp = max(d for d in range(1, math.isqrt(n_devices) + 1) if n_devices % d == 0)
+    given = dp if dp is not None else pp
+    if given is not None and (given < 1 or n_devices % given):
+        raise InvalidPlanShape(f"{given} does not divide the {n_devices} devices; --dp × --pp must equal their count")
+    dp = n_devices // pp if dp is None else dp
+    pp = n_devices // dp if pp is None else pp
+    if dp * pp != n_devices:
+        raise InvalidPlanShape(f"--dp × --pp = {dp} × {pp} = {dp * pp}, but the network has {n_devices} devices")
+    return dp, pp

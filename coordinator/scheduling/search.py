@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import CostEvaluator
-from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate, improve_by_swaps
+from hetswarm.coordinator.scheduling.cost_model import CostEvaluator
+from hetswarm.coordinator.scheduling.neighbourhood import CachedEvaluator, Candidate, improve_by_swaps
 from hetswarm.protocol.errors import ConfigError
 
 __all__ = ["SearchConfig", "SearchProgress", "SearchResult", "search"]
@@ -31,7 +31,7 @@ class SearchConfig:
 
     time_budget_s: float = 5.0
     """Wall-clock budget; the search returns its best plan when it runs out. With hardware, `find_plan` makes the
-    whole plan within it (coordinator/scheduler.py)."""
+    whole plan within it (coordinator/scheduling/scheduler.py)."""
     seed: int = 0
     population: int = 12
     """Local optima kept: the structured seeds, `random_starts` random partitions, then mutated seeds."""

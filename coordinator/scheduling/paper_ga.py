@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import PaperCostModel
-from hetswarm.coordinator.neighbourhood import CachedEvaluator, Candidate
-from hetswarm.coordinator.search import SearchProgress
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel
+from hetswarm.coordinator.scheduling.neighbourhood import CachedEvaluator, Candidate
+from hetswarm.coordinator.scheduling.search import SearchProgress
 
 __all__ = ["PaperGAResult", "paper_ga"]
 

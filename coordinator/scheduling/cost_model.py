@@ -7,7 +7,7 @@ the groups on the coarsened graph whose edge (j, k) is the bottleneck perfect ma
 
 The search sees only the `CostEvaluator` protocol: a per-group term, a per-pair-of-groups term, and how the two
 combine. The live cost model (per-peer compute, micro-batch bubbles) plugs in by implementing the same three
-(coordinator/live_objective.py).
+(coordinator/scheduling/live_objective.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from hetswarm.coordinator.matching import bottleneck_matching
-from hetswarm.coordinator.tsp import shortest_path
+from hetswarm.coordinator.scheduling.matching import bottleneck_matching
+from hetswarm.coordinator.scheduling.tsp import shortest_path
 from hetswarm.protocol.errors import ConfigError, RejectedInput
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.network import Network
@@ -166,7 +166,7 @@ class PaperCostModel:
         return latency + np.asarray(dp_bytes, dtype=float)[:, None] / BYTES_PER_GB * per_gb
 
     def concurrent_allreduce_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
-        """(m,) each group's all-reduce as the runtime runs it, for the live model (coordinator/live_cost.py):
+        """(m,) each group's all-reduce as the runtime runs it, for the live model (coordinator/scheduling/live_cost.py):
         hivemind's AllReduceRunner streams every shard to its reducer at once, each pair over its own path, so a
         group takes as long as its slowest pair's two sends, not a member's sum of them (`member_times_s`)."""
         pairs = groups[:, :, None], groups[:, None, :]

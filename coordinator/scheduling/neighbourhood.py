@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import CostBreakdown, CostEvaluator
+from hetswarm.coordinator.scheduling.cost_model import CostBreakdown, CostEvaluator
 
 __all__ = ["Candidate", "CachedEvaluator", "improve_by_swaps"]
 

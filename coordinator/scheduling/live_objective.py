@@ -1,8 +1,8 @@
 """The live cost model as the search's objective, so that plans are made for the devices that are there.
 
-The paper's objective prices communication only (coordinator/cost_model.py); on a swarm of mixed GPUs it will put a
+The paper's objective prices communication only (coordinator/scheduling/cost_model.py); on a swarm of mixed GPUs it will put a
 slow device into every stage group, and every stage then runs at that device's speed. `LiveCostModel` gives the
-search (coordinator/search.py) the step time of coordinator/live_cost.py instead, through the same three hooks:
+search (coordinator/scheduling/search.py) the step time of coordinator/scheduling/live_cost.py instead, through the same three hooks:
 
 - a group's term is a row: seconds per FLOP of its slowest device, the memory of its smallest, and its all-reduce
   (slowest pair, PaperCostModel.concurrent_allreduce_s) at every stage position and layer count, so that a stage's
@@ -21,7 +21,7 @@ search (coordinator/search.py) the step time of coordinator/live_cost.py instead
   stages hold the embedding and the head, so the direction matters).
 
 A model is searched with one way of running its stages (`execution_options`: schedule, micro-batches,
-recomputation), chosen by coordinator/scheduler.py, which then runs the plan found the way chosen for it (the
+recomputation), chosen by coordinator/scheduling/scheduler.py, which then runs the plan found the way chosen for it (the
 first that fits unless a later one is clearly faster). Devices are interchangeable for the search only if they are
 network twins with the same TFLOPS and memory.
 """
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetswarm.coordinator.cost_model import PaperCostModel, spanning_tree_weight
-from hetswarm.coordinator.live_cost import (
+from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, spanning_tree_weight
+from hetswarm.coordinator.scheduling.live_cost import (
     Execution,
     ExecutionOption,
     LiveBreakdown,
@@ -45,7 +45,7 @@ from hetswarm.coordinator.live_cost import (
     stage_memory_bytes,
     step_terms,
 )
-from hetswarm.coordinator.tsp import shortest_path
+from hetswarm.coordinator.scheduling.tsp import shortest_path
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB, BYTES_PER_GIB
 

@@ -18,7 +18,7 @@ tokens of one step over all pipelines, M the micro-batches per pipeline and w th
 computes more than 2× unlike that (relative to the swarm's typical efficiency), what its reported compute times show
 (coordinator/claims.py). Pipelines run side by side, each at the pace of its own devices and hops, until their stage
 groups' all-reduces (the search's objective charges every hop at its slowest pipeline's, a bound:
-coordinator/live_objective.py).
+coordinator/scheduling/live_objective.py).
 Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose stages are
 the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it computes m + 1
 (client/training/stage_worker.py sends in the background), one message after another on each direction of a link
@@ -57,7 +57,7 @@ devices may hold fewer), its pipeline schedule, its micro-batch count M, and rec
 only its fp32 input (4·h bytes per token) and rebuilds the rest in the backward pass, one layer of one micro-batch
 at a time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), for a third more compute (the forward
 runs twice).
-`StageCosts` tabulates every stage position and layer count, so that the search (coordinator/live_objective.py)
+`StageCosts` tabulates every stage position and layer count, so that the search (coordinator/scheduling/live_objective.py)
 prices cuts by indexing.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from hetswarm.coordinator.plan import Plan
+from hetswarm.coordinator.scheduling.plan import Plan
 from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.units import BYTES_PER_GIB
@@ -335,7 +335,7 @@ def predict_step_s(plan: Plan, model: ModelConfig, *, tflops: np.ndarray, memory
             paper's comparisons).
         execution: the plan's cut, micro-batches and recomputation; None: the model's even cut and micro-batches.
         slowest_hops: charge every pipeline each hop of the slowest pipeline at that stage boundary, as the
-            search's objective does (coordinator/live_objective.py), instead of its own.
+            search's objective does (coordinator/scheduling/live_objective.py), instead of its own.
 
     Raises:
         NoFeasiblePlan: a stage is placed on a device whose memory cannot hold it.
