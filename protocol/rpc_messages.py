@@ -10,7 +10,7 @@ serving. tests/helpers/fuzzing.py feeds it random and mutated bytes for every ty
  * StateInfoRequest     - which of these units of a stage's state a holder has at a step, and their hash and size
  * StateInfo            - the answer (client/training/state_handoff.py) ...
  * NewestState          - ... a holder's newest state and the plan it follows
- * UnitRequest          - one unit's bytes, which must have the hash the holder announced
+ * UnitRequest          - one unit's bytes (from an offset), which must have the hash the holder announced
  * RevealRequest        - a reducer's part as one member sent it, for an auditor (client/training/reduction_audit.py)
  * DialBackRequest      - the addresses to dial the asker back on (client/peer/reachability.py) ...
  * DialBackAnswer       - ... and whether the checker connected
@@ -85,6 +85,8 @@ class UnitRequest(RpcMessage):
     step: _Step
     unit: _Unit
     digest: _Sha256Hex
+    offset: conint(strict=True, ge=0, le=2**40) = 0
+    """The bytes of the unit's encoding already received: a stream cut short is asked for the rest."""
 
 
 class RevealRequest(RpcMessage):

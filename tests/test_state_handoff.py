@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
+from typing import AsyncIterator
 
 import pytest
 import torch
+from hivemind.p2p import P2PContext
+from hivemind.proto import runtime_pb2
 
 from hetswarm.client.training import state_handoff
 from hetswarm.client.training.checkpoints import CheckpointDir
@@ -19,6 +22,7 @@ from hetswarm.client.training.state_handoff import Agreement, StateUnavailable, 
 from hetswarm.client.training.state_server import StateServer, StateStore
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.records import CheckpointRoot
+from hetswarm.protocol.rpc_messages import UnitRequest, read_message
 from tests.helpers.p2p_nodes import connected_p2ps
 from tests.helpers.tiny_training import TINY, checkpoint_root, second_stage_state
 
@@ -86,6 +90,37 @@ def test_a_resume_takes_only_the_checkpoint_its_recorded_root_proves_however_man
     by_majority, proven, report, saver_id = asyncio.run(scenario())
     assert same(by_majority, forged)  # what the old rule takes
     assert same(proven, saved.select(["blocks.3"])) and set(report.sources) == {saver_id}
+
+
+@pytest.mark.swarm
+def test_a_unit_whose_stream_is_cut_short_is_asked_for_the_rest(monkeypatch):
+    """A streamed answer can end early once its request has been read (docs/hivemind.md, pitfall 13): the only
+    holder's first answer for each unit stops half-way through, and the download asks for the rest rather than give
+    up on the unit's only holder."""
+    serve_unit, cut = StateServer.rpc_state_unit, []
+
+    async def cut_once(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                       ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        unit = read_message(UnitRequest, request.metadata).unit
+        async for answer in serve_unit(self, request, context):
+            if unit not in cut:
+                cut.append(unit)
+                yield runtime_pb2.ExpertResponse(metadata=answer.metadata[:len(answer.metadata) // 2])
+                return
+            yield answer
+
+    monkeypatch.setattr(StateServer, "rpc_state_unit", cut_once)
+    good = second_stage_state(7)
+
+    async def scenario():
+        async with connected_p2ps(2) as (asker, holder):
+            await serve(holder, good)
+            return await fetch_state(asker, [holder.peer_id], step=7, units=UNITS, model=TINY, namespace=NAMESPACE,
+                                     timeout_s=30)
+
+    state, report = asyncio.run(scenario())
+    assert sorted(cut) == sorted(UNITS)  # every unit's first answer was cut
+    assert same(state, good) and report.bytes == sum(len(good.select([unit]).encode()) for unit in UNITS)
 
 
 @pytest.mark.swarm

@@ -224,6 +224,7 @@ async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStor
 FETCH_TRIES = 5
 """Downloads of the whole model `fetch_model` tries while the swarm trains on past the step it asked for."""
 
+
 async def fetch_model(p2p: P2P, plan: Assignment, *, namespace: str, timeout_s: float) -> StageState:
     """The whole model of a running plan (`hetswarm export` from a live swarm): the newest step every member holds,
     every unit from the members that hold it, each checked against the digest most of them report. Members keep
@@ -295,16 +296,25 @@ async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespa
 
 async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str, size: int, namespace: str,
                     timeout_s: float) -> bytes | None:
+    """`unit`'s encoding from `peer`, at most `size` bytes; None when the peer failed. A stream that ends short is
+    asked for the rest while each answer brings more (a streamed answer can be cut off once its request has been
+    read: docs/hivemind.md, pitfall 13); what comes is checked against `digest` by the caller."""
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
-    request = runtime_pb2.ExpertRequest(metadata=encode_message(UnitRequest(step=step, unit=unit, digest=digest)))
     received = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
-            async for part in await stub.rpc_state_unit(request):
-                received += part.metadata
-                if len(received) > size:
-                    logger.warning(f"{peer} sent more than the {size} bytes it announced for {unit}")
-                    return None
+            while len(received) < size:
+                asked = UnitRequest(step=step, unit=unit, digest=digest, offset=len(received))
+                before = len(received)
+                async for part in await stub.rpc_state_unit(runtime_pb2.ExpertRequest(metadata=encode_message(asked))):
+                    received += part.metadata
+                    if len(received) > size:
+                        logger.warning(f"{peer} sent more than the {size} bytes it announced for {unit}")
+                        return None
+                if len(received) == before:  # refused, or nothing more: the caller tries the next holder
+                    break
+                if len(received) < size:
+                    logger.debug(f"{peer} sent {len(received)} of the {size} bytes of {unit}; asking for the rest")
     except Exception as e:
         logger.debug(f"Download of {unit} from {peer} failed: {e!r}")
         return None

@@ -149,5 +149,5 @@ class StateServer(Served, ServicerBase):
                 held = (await self._encodings(step, [unit])).get(unit)
                 if held is None or held[1] != digest:
                     return
-                for part in byte_parts(held[0]):
+                for part in byte_parts(held[0][asked.offset:]):
                     yield runtime_pb2.ExpertResponse(metadata=part)
