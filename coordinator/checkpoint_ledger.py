@@ -62,7 +62,7 @@ class CheckpointLedger:
     def contradicted(self, records: Mapping[str, PeerRecord], n_layers: int) -> dict[str, str]:
         """The peers whose advertised checkpoints the ledger shows false, with why, for the coordinator's flags:
         layers the model does not have, a checkpoint written under a plan we follow that named another saver of
-        those layers (only named savers write one: client/training/trainer.py), or a root other than the one
+        those layers (only named savers write one: client/training/plan_session.py), or a root other than the one
         recorded for that step and layer range. What the ledger cannot check (a plan it no longer follows) is
         not flagged: `vouches` leaves it out of a resume all the same."""
         found = {}

@@ -3,7 +3,7 @@
 One member that votes failure on every attempt freezes the whole plan: no step commits, and restarting the same
 plan changes nothing. Its votes are signed (protocol/votes.py), so the failure votes of a step's aborted attempts are
 evidence no member can make up; a member shows those of the last aborted attempts in its Progress records
-(client/training/trainer.py), and the coordinator checks every signature itself.
+(client/training/progress_report.py), and the coordinator checks every signature itself.
 
 A failure vote names its cause (the member whose frame, part or average failed it) or nobody (its own failure).
 In one aborted attempt the votes implicate:
@@ -17,7 +17,7 @@ planned out. A hostile member must cast a failure vote to abort an attempt, so i
 whether it aborts every attempt (a frozen run) or one in three (a run three times slower); an honest peer only
 through a fault that recurs (its own or its link's) or when the hostile member names it every time: one hostile voter
 can take at most one honest peer out with it. Honest peers abstain rather than vote once they know of a failure
-elsewhere (client/training/stage_worker.py), so an abort caused by one member does not implicate the others.
+elsewhere (client/training/step_commit.py, vote_for), so an abort caused by one member does not implicate the others.
 
 A member that shows a vote its member did not sign is hostile itself, and is planned out for it.
 """

@@ -74,7 +74,7 @@ class Replanner:
 
     def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
                      reasons: Mapping[str, str] | None = None) -> None:
-        """What the plan's members report (client/training/trainer.py), as the coordinator judged it
+        """What the plan's members report (client/training/plan_session.py), as the coordinator judged it
         (coordinator/reports.py, coordinator/failure_votes.py): `unreachable` maps whoever stands behind it (a
         reporter, or this coordinator) to the peers to leave out, `reasons` says why each,
         `stalled` maps a member that gave up to its reason. An unreachable peer is left out at once (no debounce:

@@ -1,6 +1,6 @@
 """Reports of unreachable peers, corroborated before the coordinator acts on them.
 
-A member's Progress record may name peers of the plan it could not reach (client/training/trainer.py). Taken on its
+A member's Progress record may name peers of the plan it could not reach (client/training/plan_session.py). Taken on its
 word, any one member could have any honest peer planned out at once, and its layers re-seeded after
 `--lost-state-wait`. A report counts when a second member makes the same one, or when the reported peer does not
 answer the coordinator's own ping either (client/peer/link_probe.py). A lone report that the ping contradicts turns

@@ -1,6 +1,6 @@
 """The coordinator's view of the swarm: the peers that can train, and their measured network as matrices.
 
-Each pair of volunteers is measured by one of the two (client/volunteer.py), so the latency and bandwidth
+Each pair of volunteers is measured by one of the two (client/peer/link_prober.py), so the latency and bandwidth
 matrices are symmetric by construction; when both sides measured, the two figures are averaged. A pair nobody
 measured yet is estimated, never left at zero or infinity, and flagged with how it was estimated, in this order:
 

@@ -39,8 +39,8 @@ __all__ = ["Expectation", "FrameError", "FrameHeader", "VersionMismatch", "decod
            "read_frame"]
 
 FrameKind = Literal["activations", "gradients", "held-out"]
-"""`held-out`: the activations of a forward-only pass on held-out text (client/training/stage_worker.py,
-held-out loss), never a delta."""
+"""`held-out`: the activations of a forward-only pass on held-out text (client/training/stage_passes.py,
+held_out_loss), never a delta."""
 
 _MAX_DIMS = 8
 

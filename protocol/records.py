@@ -300,7 +300,7 @@ class Progress(_Record):
     compute_s: _Seconds
     wait_s: _Seconds
     window_s: _Seconds | None = None
-    """How long this peer held its upstream neighbour's micro-batches in its last step (client/training/stage_worker.py,
+    """How long this peer held its upstream neighbour's micro-batches in its last step (client/training/stage_passes.py,
     StepReport); None on a first stage."""
     round_trip_s: _Seconds | None = None
     """How long its micro-batches took to come back from its downstream neighbour in its last step; None on a last

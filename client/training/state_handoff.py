@@ -197,7 +197,7 @@ async def agree_on_step(p2p: P2P, sources: Sequence[PeerID], *, store: StateStor
     pending = [peer for peer in dict.fromkeys(sources) if peer != p2p.peer_id]
     newest: dict[PeerID, int | None] = {p2p.peer_id: store.newest_step} if p2p.peer_id in sources else {}
     gone: list[PeerID] = []
-    asking: dict[PeerID, asyncio.Task] = {}  # at most one call per source, never cancelled (trainer.py, _watch_peers)
+    asking: dict[PeerID, asyncio.Task] = {}  # at most one call per source, never cancelled (plan_session.py, _watch_peers)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while pending and asyncio.get_running_loop().time() < deadline:
         for peer in pending:

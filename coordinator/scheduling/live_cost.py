@@ -21,7 +21,7 @@ groups' all-reduces (the search's objective charges every hop at its slowest pip
 coordinator/scheduling/live_objective.py).
 Φ is GPipe's makespan of one phase (Huang et al. 2019, GPipe, Sect. 2.2) over a chain whose stages are
 the compute stages *and the hops between them*: a hop sends micro-batch m while the stage behind it computes m + 1
-(client/training/stage_worker.py sends in the background), one message after another on each direction of a link
+(client/training/stage_passes.py sends in the background), one message after another on each direction of a link
 (client/peer/emulation.py emulates exactly that wire). When compute is the bottleneck, T_r = max_s t_sr +
 (Σ_s t_sr − max_s t_sr)/M + 2·Σ_h p_hr: the compute, the bubble (for equal stages the familiar (D_PP − 1)/M of the
 compute), and each hop's transfer of *one* micro-batch each way, where the paper charges 2·PipeP, the whole batch's
