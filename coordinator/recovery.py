@@ -32,7 +32,7 @@ async def recover(read: Callable[[str], Awaitable[dict | None]], state: Coordina
         in_force = ours
     followed = highest_followed_version(peers, in_force)
     highest = max(saved, ours.version if ours is not None else 0, followed)
-    state = replace(state, version=max(state.version, highest))
+    state = replace(state, version=highest)  # highest counts the saved version too
     if in_force is not None:
         state = replace(state, assignment=in_force, step=max(state.step, in_force.step))
         ledger.follow(in_force)

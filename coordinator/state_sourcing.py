@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.planner import Proposal
@@ -48,10 +48,10 @@ class StateSourcing:
             return None
         return origin
 
-    def rollback(self, records: Mapping[str, PeerRecord], roles: Mapping[str, object], n_layers: int, *,
+    def rollback(self, records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *,
                  before: int, why: str) -> StatePlan | None:
         """The newest complete checkpoint before step `before` (coordinator/state_plan.py, rollback_state)."""
-        return rollback_state(records, roles, n_layers, before=before, why=why, abandoned=self._abandoned,
+        return rollback_state(records, alive, n_layers, before=before, why=why, abandoned=self._abandoned,
                               ledger=self.ledger)
 
     def published(self, origin: StatePlan, assignment: Assignment, previous: Assignment | None) -> None:

@@ -71,7 +71,7 @@ def schedule(
     network = load_network(scenario)
     choose_dp, choose_pp = dp == "auto", pp == "auto"
     d_dp, d_pp = plan_degrees(network.n_devices, None if choose_dp else _number("--dp", dp),
-                          None if choose_pp else _number("--pp", pp))
+                              None if choose_pp else _number("--pp", pp))
     payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
     hardware = _hardware(scenario, model, known=dp_bytes is None)
     objective = objective or ("live" if hardware is not None else "paper")

@@ -157,7 +157,8 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
         self.tensor_part_reducer = _KeepingReducer(reducer.part_shapes, reducer.num_senders, self.aggregate)
         sent = self.sent_parts
         self.stated = None if self.private_key is None else StatedParts(
-            group_id=self.group_id, reducer=self.peer_id.to_base58(), parts=self.tensor_part_reducer.num_parts)
+            group_id=self.group_id, senders=self.sender_peer_ids, reducer=self.peer_id.to_base58(),
+            parts=self.tensor_part_reducer.num_parts)
         """Each sender's statement and parts, where statements are required (a private key, fp32)."""
         self.bounds = PartBounds(sent, own_index=self.ordered_peer_ids.index(self.peer_id), ratio=part_norm_ratio)
         """What a sender's part and a reducer's average may be (client/training/part_bounds.py)."""
@@ -280,8 +281,7 @@ class ExactAllReduceRunner(HookedAllReduceRunner):
                                    f"{name(self.wire_compression.compression_type)}; leaving it out of the round")
                     break
                 if self.stated is not None and (refusal := self.stated.refusal(
-                        message, sender_index=sender_index, sender=self.sender_peer_ids[sender_index].to_base58(),
-                        part_index=part_index)) is not None:
+                        message, sender_index=sender_index, part_index=part_index)) is not None:
                     logger.warning(f"{self.sender_peer_ids[sender_index]} sent {refusal}; leaving it out of the round")
                     break
                 tensor_part = decode_tensor(message.tensor_part, self.codec)

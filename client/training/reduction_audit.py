@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -76,8 +77,8 @@ class StatedParts:
     and its parts as they came; each part is checked against its statement as it arrives, and kept to show an
     auditor (`shown_part`)."""
 
-    def __init__(self, *, group_id: bytes, reducer: str, parts: int) -> None:
-        self.group_id, self.reducer, self.parts = group_id, reducer, parts
+    def __init__(self, *, group_id: bytes, senders: Sequence[PeerID], reducer: str, parts: int) -> None:
+        self.group_id, self.senders, self.reducer, self.parts = group_id, senders, reducer, parts
         self.statements: dict[int, bytes] = {}
         """Sender index → the statement of the parts it sent this reducer ..."""
         self._stated: dict[int, list[str]] = {}
@@ -85,14 +86,14 @@ class StatedParts:
         self.shown: dict[int, list[runtime_pb2.Tensor]] = {}
         """... and its parts as they came."""
 
-    def refusal(self, message: averaging_pb2.AveragingData, *, sender_index: int, sender: str, part_index: int
-                ) -> str | None:
+    def refusal(self, message: averaging_pb2.AveragingData, *, sender_index: int, part_index: int) -> str | None:
         """Why a part is not one its sender stated, or None (the part is then kept); a stream's first message carries
         the statement (ExactAllReduceRunner.parts_for_reducer)."""
         if part_index == 0:
             try:
-                self._stated[sender_index] = read_statement(message.peer_id, group_id=self.group_id, sender=sender,
-                                                            reducer=self.reducer, parts=self.parts)
+                self._stated[sender_index] = read_statement(
+                    message.peer_id, group_id=self.group_id, sender=self.senders[sender_index].to_base58(),
+                    reducer=self.reducer, parts=self.parts)
             except RejectedInput as e:
                 return str(e)
             self.statements[sender_index] = message.peer_id

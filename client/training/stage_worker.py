@@ -73,7 +73,7 @@ class StageConfig:
     """How long a peer may wait to learn every member's commit vote before the step's outcome counts as unknown."""
     blame_grace_s: float = 0.25
     """How long a peer whose attempt failed waits for news of a failure elsewhere before it casts a failure vote
-    of its own (`StageWorker._vote`): about the time a vote takes to reach every member."""
+    of its own (`step_commit.vote_for`): about the time a vote takes to reach every member."""
     max_attempts: int = 3
     """Attempts of one step per ``run_step`` call before it raises StepAborted."""
     check_every: int = 50
