@@ -12,8 +12,10 @@ Versions only grow, also across a restart with the same identity: the coordinato
 step and the plan in force in a small JSON state file next to its identity file (`CoordinatorState`, written
 atomically), and on start goes above the highest version it finds there, in its own assignment still in the DHT,
 and in the peers' records (clients ignore a version not above the one they follow). It adopts the plan in force
-(Replanner.adopt) rather than reshuffling a swarm that is training well; a plan that none of its peers follows any
-more (they restarted and lost their weights, or left) is forgotten with its step, and the swarm is planned afresh.
+(coordinator/recovery.py, Replanner.fits) rather than reshuffling a swarm that is training well; a plan that none
+of its peers follows any more (they restarted and lost their weights, or left) is forgotten with its step, and the
+swarm is planned afresh. The plan in force, with its pricing and its origin, is held once, in the state
+(coordinator/plan_in_force.py), and handed to the replanner each round.
 
 Before it publishes a plan, the coordinator pings the peers it places (`silent`, client/peer/link_probe.py): a peer
 killed since its record was last refreshed is still in view until the record expires, and its plan's members
@@ -41,6 +43,7 @@ from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
+from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import Proposal
 from hetswarm.coordinator.recovery import recover, take_over
 from hetswarm.coordinator.refusals_board import RefusalsBoard
@@ -142,14 +145,10 @@ class Broadcaster:
         self.claims = ClaimCheck()
         self.losses = LossWatch(threshold=config.rollback_spike)
         self.reports = ReportCheck(silent, coordinator_id=coordinator_id, remember_s=replanner.config.suspect_s)
-        self.assignment: Assignment | None = None
-        """What this run publishes; None until its first version."""
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
         """The version counter, the remembered step and the plan in force (also a previous run's, until replaced)."""
         self.ledger = CheckpointLedger.from_json(self.state.checkpoints)
         """The checkpoints a resume may load (coordinator/checkpoint_ledger.py)."""
-        self._taking_over: Assignment | None = None
-        """A previous run's plan, until the first read of the peers' records says whether it still holds."""
         self._published_at = -math.inf
         self.state_file = StateFile(config.state_path, state)
         self._peers: dict[str, PeerRecord] = {}
@@ -162,10 +161,16 @@ class Broadcaster:
         self.refusals = RefusalsBoard(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
         self.sourcing = StateSourcing(self.ledger, lost_state_wait_s=config.lost_state_wait_s)
 
+    @property
+    def published(self) -> Assignment | None:
+        """The plan in force when this run published it (and refreshes it); None before its first version."""
+        plan = self.state.plan
+        return plan.assignment if plan is not None and plan.ours else None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Plans and publishes until `stop` is set; a round that fails on something unforeseen is logged and the
         next one goes on (one bad input must not stop the coordinator of a whole swarm)."""
-        self.state, self._taking_over = await recover(self._read, self.state, self.ledger)
+        self.state = await recover(self._read, self.state, self.ledger)
         try:
             while not stop.is_set():
                 try:
@@ -181,8 +186,8 @@ class Broadcaster:
 
     async def _round(self) -> None:
         """One read of the swarm: admit, plan, publish what changed, follow the plan's progress."""
-        plan = self.state.assignment
-        records = await self._read(PEERS_FIELD, prefer=plan.roles if plan is not None else ())
+        plan = self.state.plan
+        records = await self._read(PEERS_FIELD, prefer=plan.assignment.roles if plan is not None else ())
         if records is not None:
             records, self._not_admitted = self.admission.screen(records)
             records, self._flagged = self.claims.judge(records)
@@ -192,17 +197,19 @@ class Broadcaster:
                 self.state = replace(self.state, checkpoints=self.ledger.to_json())
                 self.state_file.save(self.state)
             self._flagged |= self.ledger.contradicted(records, self.replanner.config.model.n_layers)
-            self._keep_above(highest_followed_version(records, plan))
-            if self._taking_over is not None:
-                self.state, self._taking_over = take_over(self._taking_over, records, self.replanner, self.state), None
-            decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic())
+            self._keep_above(highest_followed_version(records, plan.assignment if plan is not None else None))
+            if plan is not None and plan.origin == "recovered":
+                self.state = take_over(self.state, records, self.replanner.fits)
+            waiting = self.sourcing.pending[0] if self.sourcing.pending is not None else None
+            decision = await asyncio.to_thread(self.replanner.decide, records, time.monotonic(),
+                                               in_force=self.state.plan, waiting=waiting)
             if decision is not None or self.sourcing.pending is not None:
                 proposal, reason = decision or self.sourcing.pending
                 if await self._all_answer(proposal):
                     await self._announce(proposal, reason, version=self.state.version + 1)
         await self._track_progress()
         await self._roll_back_on_spike()
-        if self.assignment is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
+        if self.published is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
         await self.refusals.publish(self._not_admitted | self.replanner.left_out(time.monotonic()), self._flagged)
 
@@ -224,16 +231,17 @@ class Broadcaster:
     def _keep_above(self, version: int) -> None:
         """Makes the next version exceed `version`: clients follow only versions above the one they have."""
         if version > self.state.version:
-            if self.assignment is not None:  # past the start: a peer follows a version we did not know of
+            if self.published is not None:  # past the start: a peer follows a version we did not know of
                 logger.info(f"A peer follows v{version}, above our v{self.state.version}; our next version exceeds it")
             self.state = replace(self.state, version=version)
 
     async def _roll_back_on_spike(self) -> None:
         """Plans the same roles again from the newest checkpoint before a loss spike (coordinator/loss_watch.py)."""
-        spike, proposal = self.losses.spike(), self.replanner.current
-        if spike is None or proposal is None or self.assignment is None:
+        spike, plan = self.losses.spike(), self.state.plan
+        if spike is None or plan is None or not plan.ours:
             return
-        origin = self.sourcing.rollback(self._peers, self.assignment.roles, proposal.model.n_layers,
+        proposal = plan.pricing
+        origin = self.sourcing.rollback(self._peers, plan.assignment.roles, proposal.model.n_layers,
                                         before=spike.last_good + 1, why=spike.describe())
         if origin is None:
             logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
@@ -246,7 +254,7 @@ class Broadcaster:
     async def _announce(self, proposal: Proposal, reason: str, *, version: int, origin: StatePlan | None = None
                         ) -> None:
         """Publishes `proposal` as the next version, from the state the sourcing finds (or `origin`)."""
-        in_force = self.state.assignment
+        in_force = self.state.plan.assignment if self.state.plan is not None else None
         if origin is None:
             progress = await self._read(PROGRESS_FIELD, prefer=in_force.roles if in_force is not None else ()) or {}
             origin = self.sourcing.origin(proposal, reason, in_force=in_force, remembered_step=self.state.step,
@@ -254,13 +262,14 @@ class Broadcaster:
             if origin is None:
                 return
         step, reason = origin.step, "; ".join(part for part in (origin.note, reason) if part)
-        self.assignment = build_assignment(
+        assignment = build_assignment(
             proposal, coordinator_id=self.coordinator_id, version=version, reason=reason, step=step,
             handoff=origin.handoff, checkpoints=checkpoint_plan(proposal.pipelines, self._peers,
                                                                self._checkpoint_every(proposal)),
             aggregation=self.config.aggregation, eval_every=self.config.eval_every)
-        self.sourcing.published(origin, self.assignment, in_force)
-        self.state = replace(self.state, version=version, step=step, assignment=self.assignment)
+        self.sourcing.published(origin, assignment, in_force)
+        self.state = replace(self.state, version=version, step=step,
+                             plan=PlanInForce(assignment=assignment, origin="this run", pricing=proposal))
         self.state_file.save(self.state, force=True)
         d_pp, d_dp = proposal.plan.grid.shape
         logger.info(f"Publishing v{version}: {d_dp} pipelines × {d_pp} stages from step {step}, "
@@ -279,23 +288,24 @@ class Broadcaster:
     async def _track_progress(self) -> None:
         """Remembers how far the plan in force got, so that the next plan starts there even once the members'
         Progress records have expired (a restart included: the step is in the state file)."""
-        if self.state.assignment is None:
+        if self.state.plan is None:
             return
-        progress = await self._read(PROGRESS_FIELD, prefer=self.state.assignment.roles)
+        plan = self.state.plan.assignment
+        progress = await self._read(PROGRESS_FIELD, prefer=plan.roles)
         if progress is None:
             return
-        self.claims.observe(self.state.assignment, progress)
-        self.losses.observe(self.state.assignment, progress)
-        step = start_step(self.state.assignment, progress, remembered=self.state.step)
+        self.claims.observe(plan, progress)
+        self.losses.observe(plan, progress)
+        step = start_step(plan, progress, remembered=self.state.step)
         if step != self.state.step:
             self.state = replace(self.state, step=step)
             self.state_file.save(self.state)
-        if self.assignment is not None:
-            unreachable, stalled = troubles(self.assignment, progress)
+        if self.state.plan.ours:
+            unreachable, stalled = troubles(plan, progress)
             judged = await self.reports.judge(unreachable, time.monotonic())
             left_out = dict(judged.unreachable)
-            gone = await self.reports.gone(named_causes(self.assignment, progress), time.monotonic())
-            if aborting := judge_aborts(self.assignment, self.config.swarm, progress, gone=gone):
+            gone = await self.reports.gone(named_causes(plan, progress), time.monotonic())
+            if aborting := judge_aborts(plan, self.config.swarm, progress, gone=gone):
                 left_out[self.coordinator_id] = sorted({*left_out.get(self.coordinator_id, ()), *aborting})
             if left_out or stalled:
                 self.replanner.note_trouble(unreachable=left_out, stalled=stalled, now=time.monotonic(),
@@ -304,11 +314,11 @@ class Broadcaster:
     async def _publish(self) -> None:
         self._published_at = time.monotonic()
         try:
-            stored = await self.records.publish(self.assignment, ttl_s=self.config.ttl_s)
+            stored = await self.records.publish(self.published, ttl_s=self.config.ttl_s)
         except TimeoutError:
             stored = False
         if not stored:
-            logger.warning(f"No DHT node took assignment v{self.assignment.version}; retrying")
+            logger.warning(f"No DHT node took assignment v{self.published.version}; retrying")
             self._published_at = -math.inf
 
     async def _read(self, field: str, *, prefer: Collection[str] = ()) -> dict | None:

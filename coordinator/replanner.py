@@ -9,9 +9,13 @@ Re-plans are sticky (coordinator/sticky.py): the plan in force with its gone pee
 search's plan is `improvement` faster and wins back the state hand-off of the peers it moves within
 `payback_steps` steps; the reason names the peers that move.
 
-A restarted coordinator `adopt`s the plan in force instead of planning afresh: a new plan would reshuffle peers that
-are training well, and their stages would lose what they learned. The plan is taken over as it is as soon as all its
-peers are in view; if some of them left meanwhile, the survivors are preferred in the replan that follows.
+A restarted coordinator adopts the plan in force instead of planning afresh (`fits`): a new plan would reshuffle
+peers that are training well, and their stages would lose what they learned. The plan is taken over as it is as
+soon as all its peers are in view; if some of them left meanwhile, the survivors are preferred in the replan that
+follows.
+
+The replanner keeps no plan: the coordinator hands it the plan in force each round (coordinator/plan_in_force.py),
+so what it decides from is what the swarm follows, also when a decision is not published.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, deployed, propose, reprice
 from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
@@ -37,12 +42,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Replanner:
-    """Decides, from the peers' records, when to publish which plan; `current` is the last one published."""
+    """Decides, from the peers' records and the plan in force it is handed, when to publish which plan."""
 
     config: PlannerConfig
-    current: Proposal | None = None
-    _in_force: Assignment | None = None
-    """A previous run's plan, handed over by `adopt`, until it is published again or replaced."""
     _members: frozenset[str] = frozenset()
     _changed_at: float = -math.inf
     _considered_at: float = -math.inf
@@ -56,20 +58,15 @@ class Replanner:
     """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
     _restarted_at: float = -math.inf
 
-    def adopt(self, assignment: Assignment) -> bool:
-        """Takes over the plan in force of this coordinator's previous run, so that a restart keeps the roles; False
-        (and logged) when the plan was made for another model or shape than this run's config asks for.
-
-        Until all the plan's peers are in view, `decide` returns nothing; once they are, it returns the plan as it
-        is (no debounce, no `min_peers`: the swarm was already training). Peers of the plan that left are replanned
-        out after the debounce, as any membership change, with the survivors preferred.
-        """
-        if self.current is not None:
-            raise RuntimeError("adopt() is for a replanner that has published nothing yet")
+    def fits(self, assignment: Assignment) -> bool:
+        """Whether a previous run's plan may be adopted, so that a restart keeps the roles; False (and logged) when
+        it was made for another model or shape than this run's config asks for. An adopted plan (origin `adopting`,
+        coordinator/plan_in_force.py) is published again as it is once all its peers are in view (no debounce, no
+        `min_peers`: the swarm was already training); peers of it that left are replanned out after the debounce,
+        as any membership change, with the survivors preferred."""
         if (reason := _reason_not_to_adopt(assignment, self.config)) is not None:
             logger.info(f"Not adopting plan v{assignment.version}: {reason}; planning afresh")
             return False
-        self._in_force = assignment
         return True
 
     def note_trouble(self, *, unreachable: dict[str, list[str]], stalled: dict[str, str], now: float,
@@ -95,60 +92,66 @@ class Replanner:
         return {peer: f"left out for {until - now:.0f} s more: {why}"
                 for peer, (until, why) in self._suspects.items() if until > now}
 
-    def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
-        """A proposal and the reason to publish it now, or None to keep the current plan (each choice logged)."""
+    def decide(self, records: dict[str, PeerRecord], now: float, *, in_force: PlanInForce | None,
+               waiting: Proposal | None = None) -> tuple[Proposal, str] | None:
+        """A proposal and the reason to publish it now, or None to keep the plan in force (each choice logged).
+
+        Args:
+            in_force: the plan the swarm follows (coordinator/plan_in_force.py); a previous run's counts only while
+                `adopting`.
+            waiting: a decision not published yet because some layers' state is missing
+                (coordinator/state_sourcing.py); decisions go on from it, as from a published one.
+        """
         self._suspects = {peer: suspect for peer, suspect in self._suspects.items() if suspect[0] > now}
         records = {peer: record for peer, record in records.items() if peer not in self._suspects}  # not even standby
         members = frozenset(trainable_peers(records))
         if members != self._members:
             self._members, self._changed_at = members, now
-        if self._trouble and self.current is not None:
-            return self._recover(records, members, now)
-        if self.current is None and self._in_force is not None:
-            return self._adopt(records, members, now)
-        if self.current is None and len(members) < self.config.min_peers:
+        current = waiting or (in_force.pricing if in_force is not None else None)
+        basis = current or (in_force.assignment if in_force is not None and in_force.origin == "adopting" else None)
+        if self._trouble and basis is not None:
+            return self._recover(records, members, now, basis)
+        if current is None and basis is not None:
+            return self._adopt(records, members, now, basis)
+        if current is None and len(members) < self.config.min_peers:
             self._refuse(f"Waiting for {self.config.min_peers} trainable peers, {len(members)} in view", logging.INFO)
             return None
-        if self.current is not None and members == self.current.peers:
-            return self._reconsider(records, now)
+        if current is not None and members == current.peers:
+            return self._reconsider(records, now, current)
         if now - self._changed_at < self.config.debounce_s or not members:
             return None
         view = build_view(records)
         if view.estimated and now - self._changed_at < self.config.measure_wait_s:
             self._refuse(f"Waiting for {len(view.estimated)} links to be measured", logging.INFO)
             return None
-        if self.current is None:
+        if current is None:
             reason = f"initial plan for {len(members)} peers"
         else:
-            joined, left = members - self.current.peers, self.current.peers - members
+            joined, left = members - current.peers, current.peers - members
             reason = (f"membership changed: {len(joined)} joined {short_ids(joined)}, {len(left)} left {short_ids(left)}")
-        return self._propose(view, reason, now)
+        return self._propose(view, reason, now, current)
 
-    def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
+    def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float, basis: Basis
                  ) -> tuple[Proposal, str] | None:
         """Acts on trouble at once: without the unreachable peers, or the same plan again for stalled members."""
         trouble, self._trouble = self._trouble, ""
-        if members == self.current.peers:  # nobody to leave out: restart the plan as it is
+        if members == _peers(basis):  # nobody to leave out: restart the plan as it is
             self._restarted_at = self._considered_at = now
-            return self.current, f"restart from the last committed step; {trouble}"
+            return self._as_it_is(records, basis), f"restart from the last committed step; {trouble}"
         if not members:
             self._refuse(f"no trainable peer left after {trouble}")
             return None
         view = build_view(records).subset(sorted(members))
-        return self._propose(view, f"re-planned without {trouble}", now)
+        return self._propose(view, f"re-planned without {trouble}", now, basis)
 
-    def _adopt(self, records: dict[str, PeerRecord], members: frozenset[str], now: float
-                ) -> tuple[Proposal, str] | None:
+    def _adopt(self, records: dict[str, PeerRecord], members: frozenset[str], now: float, in_force: Assignment
+               ) -> tuple[Proposal, str] | None:
         """The plan in force as it is once all its peers are in view; else, after the debounce, a replan that prefers
         its surviving peers."""
-        in_force = self._in_force
-        placed = frozenset(in_force.roles)
+        placed = _placed(in_force)
         if placed <= members:
-            self._in_force = None
-            proposal = deployed(build_view(records), in_force.pipelines, self.config.model, in_force.wire_format(),
-                                Execution.of_assignment(in_force))
-            self.current, self._considered_at, self._last_refusal = proposal, now, ""
-            return proposal, f"adopted plan v{in_force.version} after a coordinator restart"
+            self._considered_at, self._last_refusal = now, ""
+            return self._as_it_is(records, in_force), f"adopted plan v{in_force.version} after a coordinator restart"
         self._refuse(f"Waiting for {len(placed - members)} peer(s) of plan v{in_force.version} "
                      f"{short_ids(placed - members)}", logging.INFO)
         if now - self._changed_at < self.config.debounce_s or not members:
@@ -159,48 +162,51 @@ class Replanner:
         joined, left = members - placed, placed - members
         reason = (f"membership changed since v{in_force.version}: {len(joined)} joined {short_ids(joined)}, "
                   f"{len(left)} left {short_ids(left)}")
-        decision = self._propose(view, reason, now, prefer=placed & members)
-        if decision is not None:
-            self._in_force = None
-        return decision
+        return self._propose(view, reason, now, in_force, prefer=placed & members)
 
-    def _reconsider(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
+    def _as_it_is(self, records: dict[str, PeerRecord], basis: Basis) -> Proposal:
+        """`basis` again, a previous run's plan priced on the peers in view."""
+        if isinstance(basis, Proposal):
+            return basis
+        return deployed(build_view(records), basis.pipelines, self.config.model, basis.wire_format(), _runs(basis))
+
+    def _reconsider(self, records: dict[str, PeerRecord], now: float, current: Proposal
+                    ) -> tuple[Proposal, str] | None:
         if now - self._considered_at < self.config.reconsider_s:
             return None
         self._considered_at = now
         view = build_view(records)
-        placed = view.subset(list(self.current.view.peer_ids))
-        if (np.array_equal(placed.network.latency_ms, self.current.view.network.latency_ms)
-                and np.array_equal(placed.network.bandwidth_gbps, self.current.view.network.bandwidth_gbps)
-                and np.array_equal(placed.tflops, self.current.view.tflops)):
+        placed = view.subset(list(current.view.peer_ids))
+        if (np.array_equal(placed.network.latency_ms, current.view.network.latency_ms)
+                and np.array_equal(placed.network.bandwidth_gbps, current.view.network.bandwidth_gbps)
+                and np.array_equal(placed.tflops, current.view.tflops)):
             return None
-        current = reprice(self.current, view).live.total_s
+        repriced = reprice(current, view).live.total_s
         try:
-            fresh = propose(view, self.config, prefer=frozenset(self.current.view.peer_ids))
+            fresh = propose(view, self.config, prefer=_placed(current))
         except NoFeasiblePlan as e:
             self._refuse(f"Keeping the current plan: {e}")
             return None
-        chosen, why = self._sticky_or_searched(view, fresh, self.current.pipelines, self.current.execution)
+        chosen, why = self._sticky_or_searched(view, fresh, current.pipelines, current.execution)
         if chosen is not fresh:
-            logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {current:.3f} s "
+            logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {repriced:.3f} s "
                         f"now, which does not clear the {self.config.improvement:.0%} threshold or pay for its moves")
             return None
-        self.current = fresh
-        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {current:.3f} s; {why}"
+        return fresh, f"better plan predicted: {fresh.live.total_s:.3f} s vs {repriced:.3f} s; {why}"
 
-    def _propose(self, view: SwarmView, reason: str, now: float, *, prefer: frozenset[str] | None = None
-                 ) -> tuple[Proposal, str] | None:
-        in_force = self.current.pipelines if self.current else self._in_force.pipelines if self._in_force else None
+    def _propose(self, view: SwarmView, reason: str, now: float, basis: Basis | None, *,
+                 prefer: frozenset[str] | None = None) -> tuple[Proposal, str] | None:
+        """The search's plan, or `basis` with its gaps filled when the search's does not pay for its moves."""
         if prefer is None:
-            prefer = frozenset(self.current.view.peer_ids) if self.current else frozenset()
+            prefer = _placed(basis) if basis is not None else frozenset()
         try:
             searched = propose(view, self.config, prefer=prefer, trusted=self.trusted)
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None
-        runs = self.current.execution if self.current else Execution.of_assignment(self._in_force) if self._in_force else None
-        proposal, why = self._sticky_or_searched(view, searched, in_force, runs) if in_force else (searched, "")
-        self.current, self._considered_at, self._last_refusal = proposal, now, ""
+        proposal, why = (self._sticky_or_searched(view, searched, basis.pipelines, _runs(basis))
+                         if basis is not None else (searched, ""))
+        self._considered_at, self._last_refusal = now, ""
         return proposal, f"{reason}; {why}" if why else reason
 
     def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None,
@@ -236,6 +242,23 @@ class Replanner:
         if message != self._last_refusal:  # once per situation, not once per poll
             self._last_refusal = message
             logger.log(level, message)
+
+
+Basis = Proposal | Assignment
+"""What a decision goes on from: this run's priced plan, or a previous run's plan being adopted."""
+
+
+def _placed(basis: Basis) -> frozenset[str]:
+    return frozenset(basis.view.peer_ids) if isinstance(basis, Proposal) else frozenset(basis.roles)
+
+
+def _peers(basis: Basis) -> frozenset[str]:
+    """Every peer `basis` speaks for, placed or standby."""
+    return basis.peers if isinstance(basis, Proposal) else frozenset(basis.roles)
+
+
+def _runs(basis: Basis) -> Execution:
+    return basis.execution if isinstance(basis, Proposal) else Execution.of_assignment(basis)
 
 
 def _reason_not_to_adopt(assignment: Assignment, config: PlannerConfig) -> str | None:

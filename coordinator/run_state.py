@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
+from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.protocol.atomic_files import write_json
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
@@ -42,14 +43,14 @@ class CoordinatorState:
     """The last version published."""
     step: int = 0
     """The step the next plan starts at (`start_step`)."""
-    assignment: Assignment | None = None
-    """The plan in force: the last one published."""
+    plan: PlanInForce | None = None
+    """The plan in force: the last one published (its assignment is what the file keeps)."""
     checkpoints: dict[str, dict[str, str]] = field(default_factory=dict)
     """The savers' recorded checkpoint roots (coordinator/checkpoint_ledger.py, CheckpointLedger.to_json)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"coordinator_id": self.coordinator_id, "version": self.version, "step": self.step,
-                "assignment": None if self.assignment is None else self.assignment.dict(),
+                "assignment": None if self.plan is None else self.plan.assignment.dict(),
                 "checkpoints": self.checkpoints}
 
     @classmethod
@@ -58,9 +59,10 @@ class CoordinatorState:
         version, step = data["version"], data["step"]
         if not (isinstance(version, int) and isinstance(step, int) and version >= 0 and step >= 0):
             raise ValueError(f"version and step must be non-negative integers, got {version!r} and {step!r}")
-        assignment = None if data["assignment"] is None else Assignment.parse_obj(data["assignment"])
+        plan = None if data["assignment"] is None else PlanInForce(
+            assignment=Assignment.parse_obj(data["assignment"]), origin="recovered")
         checkpoints = CheckpointLedger.from_json(data.get("checkpoints", {})).to_json()  # a state file from before
-        return cls(coordinator_id=str(data["coordinator_id"]), version=version, step=step, assignment=assignment,
+        return cls(coordinator_id=str(data["coordinator_id"]), version=version, step=step, plan=plan,
                    checkpoints=checkpoints)
 
 

@@ -74,7 +74,7 @@ def test_a_placed_peer_that_does_not_answer_is_left_out_of_the_published_plan(tm
         stop = asyncio.Event()
         task = asyncio.create_task(broadcaster.run(stop))
         async with asyncio.timeout(45):
-            while broadcaster.assignment is None:
+            while broadcaster.published is None:
                 await asyncio.sleep(0.2)
         stop.set()
         await asyncio.wait_for(task, 15)
@@ -87,5 +87,5 @@ def test_a_placed_peer_that_does_not_answer_is_left_out_of_the_published_plan(tm
             dht.shutdown()
         node.shutdown()
     assert asked and ids["dead"] in asked[0], asked  # it was placed first, and asked
-    assert set(broadcaster.assignment.roles) == {ids["a"], ids["b"]}, broadcaster.assignment.roles
+    assert set(broadcaster.published.roles) == {ids["a"], ids["b"]}, broadcaster.published.roles
     assert all(ids["dead"] not in peers for peers in asked[1:])

@@ -25,6 +25,7 @@ from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.client.peer.hivemind_compat import load_identity
+from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.run_state import (
@@ -44,7 +45,7 @@ from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, Health, Progress
 from tests.helpers.dht_nodes import start_node
-from tests.helpers.plans import COORDINATOR, PEERS, measured_records, plan
+from tests.helpers.plans import COORDINATOR, PEERS, Publishing, measured_records, plan
 from tests.helpers.swarm_records import IDS
 from tests.helpers.waiting import wait_until
 
@@ -95,7 +96,8 @@ def test_a_record_filed_under_another_signer_does_not_count():
 def test_the_state_file_round_trips_and_is_written_whole(tmp_path):
     path = state_path_for(tmp_path / "coordinator.key")
     assert path == tmp_path / "coordinator.key.state.json"
-    state = CoordinatorState(coordinator_id=COORDINATOR, version=7, step=12, assignment=plan(version=7))
+    state = CoordinatorState(coordinator_id=COORDINATOR, version=7, step=12,
+                             plan=PlanInForce(assignment=plan(version=7), origin="recovered"))
     save_state(path, state)
     assert load_state(path, COORDINATOR) == state
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
@@ -126,8 +128,9 @@ def test_a_previous_plan_holds_while_one_of_its_peers_follows_it():
 
 def test_an_adopted_plan_is_published_as_it_is_at_once():
     previous = plan(version=7)
-    planner = Replanner(PlannerConfig(model=TINY, d_pp=2, search=SEARCH, min_peers=8, debounce_s=5.0))
-    assert planner.adopt(previous)
+    replanner = Replanner(PlannerConfig(model=TINY, d_pp=2, search=SEARCH, min_peers=8, debounce_s=5.0))
+    assert replanner.fits(previous)
+    planner = Publishing(replanner, PlanInForce(assignment=previous, origin="adopting"))
     proposal, reason = planner.decide(measured_records(PEERS, following=7), now=0.0)  # no debounce, no min_peers
     assert reason == "adopted plan v7 after a coordinator restart"
     assert proposal.pipelines == previous.pipelines
@@ -136,17 +139,18 @@ def test_an_adopted_plan_is_published_as_it_is_at_once():
 
 def test_a_plan_for_another_model_or_shape_is_not_adopted():
     previous = plan(version=7, d_dp=2, d_pp=2)
-    assert not Replanner(PlannerConfig(model=get_model_config("small"), search=SEARCH)).adopt(previous)
-    assert not Replanner(PlannerConfig(model=TINY, d_pp=4, search=SEARCH)).adopt(previous)
-    assert not Replanner(PlannerConfig(model=TINY, d_dp=1, search=SEARCH)).adopt(previous)
+    assert not Replanner(PlannerConfig(model=get_model_config("small"), search=SEARCH)).fits(previous)
+    assert not Replanner(PlannerConfig(model=TINY, d_pp=4, search=SEARCH)).fits(previous)
+    assert not Replanner(PlannerConfig(model=TINY, d_dp=1, search=SEARCH)).fits(previous)
 
 
 def test_when_a_peer_of_the_adopted_plan_left_the_survivors_are_replanned_after_the_debounce():
     previous = plan(version=7)
     gone = previous.pipelines[0][0]
     survivors = [p for p in PEERS if p != gone] + [IDS[4]]
-    planner = Replanner(PlannerConfig(model=TINY, d_pp=2, search=SEARCH, debounce_s=5.0))
-    assert planner.adopt(previous)
+    replanner = Replanner(PlannerConfig(model=TINY, d_pp=2, search=SEARCH, debounce_s=5.0))
+    assert replanner.fits(previous)
+    planner = Publishing(replanner, PlanInForce(assignment=previous, origin="adopting"))
     records = measured_records(survivors, following=7)
     assert planner.decide(records, now=0.0) is None
     assert planner.decide(records, now=4.0) is None

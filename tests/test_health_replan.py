@@ -19,7 +19,6 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.broadcaster import troubles
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.replanner import Replanner
@@ -31,6 +30,7 @@ from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, Progress
 from tests.helpers.dht_nodes import start_node
+from tests.helpers.plans import Publishing
 from tests.helpers.swarm_records import IDS, link, record
 from tests.helpers.waiting import wait_until
 
@@ -43,13 +43,13 @@ def records_of(peers: list[str]) -> dict:
     return {p: record(p, links={q: link(10.0, 1000.0) for q in peers if q > p}) for p in peers}
 
 
-def replanner_with_plan() -> tuple[Replanner, Assignment]:
+def replanner_with_plan() -> tuple[Publishing, Assignment]:
     config = PlannerConfig(model=TINY, d_dp=1, d_pp=2, search=SearchConfig(time_budget_s=0.3), debounce_s=30)
-    replanner = Replanner(config)
+    replanner = Publishing(Replanner(config))
     assert replanner.decide(records_of(PEERS), now=0.0) is None  # membership must hold for the debounce first
     proposal, _ = replanner.decide(records_of(PEERS), now=100.0) or (None, None)
     assert proposal is not None and len(proposal.plan.grid.ravel()) == 2
-    return replanner, build_assignment(proposal, coordinator_id=IDS[9], version=1, reason="test", step=0)
+    return replanner, replanner.in_force.assignment
 
 
 def report(peer: str, plan: Assignment, **fields) -> Progress:

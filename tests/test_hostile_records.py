@@ -181,11 +181,11 @@ def test_a_coordinator_round_that_fails_is_logged_and_the_next_one_goes_on(tmp_p
     class FailsOnce(Replanner):
         calls = 0
 
-        def decide(self, records, now):
+        def decide(self, records, now, **plans):
             FailsOnce.calls += 1
             if FailsOnce.calls == 1:
                 raise ValueError("bandwidth_gbps has NaN or infinite entries off the diagonal")
-            return super().decide(records, now)
+            return super().decide(records, now, **plans)
 
     async def scenario() -> None:
         broadcaster = Broadcaster(node, private_key=key, coordinator_id=peer_id_of(key.get_public_key()),

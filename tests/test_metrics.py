@@ -117,7 +117,7 @@ def progress(peer: str, step: int, at: float, *, version: int = 3, loss: float |
 
 
 def test_the_coordinator_exports_its_plan_the_members_progress_and_every_link_it_reads():
-    collector = CoordinatorCollector(SimpleNamespace(assignment=plan(version=3)), records=None)
+    collector = CoordinatorCollector(lambda: plan(version=3), records=None)
     collector.peers = {ME: record(ME, state="training", links={OTHER: link(20.0, 80.0)}),
                        OTHER: record(OTHER, state="training")}
     for at, step in ((100.0, 4), (102.0, 5), (106.0, 7)):  # 3 s a step, for both members
@@ -137,7 +137,7 @@ def test_the_coordinator_exports_its_plan_the_members_progress_and_every_link_it
 def test_the_coordinator_exports_a_held_out_loss_only_when_two_pipelines_agree_on_it():
     two = SimpleNamespace(version=3, predicted_step_s=0.5, d_pp=1, d_dp=2, pipelines=[[ME], [OTHER]], eval_every=5,
                           roles={ME: PeerRole(stage=0, replica=0), OTHER: PeerRole(stage=0, replica=1)})
-    collector = CoordinatorCollector(SimpleNamespace(assignment=two), records=None)
+    collector = CoordinatorCollector(lambda: two, records=None)
     collector.peers = {}
     collector.progress = {ME: progress(ME, 9, 1.0, held_out_loss=2.5), OTHER: progress(OTHER, 9, 1.0, held_out_loss=2.5)}
     samples = collect(collector)
@@ -147,7 +147,7 @@ def test_the_coordinator_exports_a_held_out_loss_only_when_two_pipelines_agree_o
 
 
 def test_a_coordinator_before_its_first_plan_says_version_zero():
-    samples = collect(CoordinatorCollector(SimpleNamespace(assignment=None), records=None))
+    samples = collect(CoordinatorCollector(lambda: None, records=None))
     assert value(samples, "hetswarm_assignment_version") == 0
     assert "hetswarm_measured_step_seconds" not in samples
 

@@ -15,13 +15,13 @@ from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.wire_format import WireFormat
-from tests.helpers.plans import MODEL, SEARCH, worldwide_records
+from tests.helpers.plans import MODEL, SEARCH, Publishing, worldwide_records
 from tests.helpers.swarm_records import IDS, link
 
 
-def replanner(**overrides) -> Replanner:
+def replanner(**overrides) -> Publishing:
     settings = dict(model=MODEL, d_pp=4, search=SEARCH, min_peers=8, debounce_s=5.0, reconsider_s=10.0) | overrides
-    return Replanner(PlannerConfig(**settings))
+    return Publishing(Replanner(PlannerConfig(**settings)))
 
 
 def test_the_first_plan_waits_for_min_peers_and_the_debounce():
@@ -76,7 +76,7 @@ def test_measurement_noise_keeps_the_plan_but_a_clearly_better_plan_replaces_it(
     assert reason.startswith("better plan predicted")
     new_hops = {frozenset(pair) for chain in proposal.pipelines for pair in zip(chain, chain[1:])}
     assert not new_hops & hops  # it avoids the links that became slow
-    assert planner.current is proposal
+    assert planner.in_force.pricing is proposal
 
 
 def test_auto_degrees_use_stages_when_the_model_does_not_fit_one_peer():

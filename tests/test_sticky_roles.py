@@ -19,16 +19,16 @@ from hetswarm.coordinator.sticky import (
     sticky_pipelines,
 )
 from hetswarm.coordinator.swarm_view import build_view
-from tests.helpers.plans import MODEL, SEARCH, worldwide_records
+from tests.helpers.plans import MODEL, SEARCH, Publishing, worldwide_records
 from tests.helpers.swarm_records import IDS, link, record
 
 
-def replanner(**overrides) -> Replanner:
+def replanner(**overrides) -> Publishing:
     settings = dict(model=MODEL, d_dp=2, d_pp=2, search=SEARCH, min_peers=4, debounce_s=0.0) | overrides
-    return Replanner(PlannerConfig(**settings))
+    return Publishing(Replanner(PlannerConfig(**settings)))
 
 
-def first_plan(planner: Replanner, records: dict):
+def first_plan(planner: Publishing, records: dict):
     proposal, reason = planner.decide(records, now=0.0)
     assert reason.startswith("initial plan")
     return proposal

@@ -90,7 +90,7 @@ class ExportPlan:
 
         prepared = PreparedData.open(self.data) if self.data and (self.data / "index.json").is_file() else None
         return PeriodicExport(dht=dht, swarm=swarm, every=self.every, folder=self.folder, data=prepared,
-                              current=lambda: (broadcaster.assignment, broadcaster.state.step))
+                              current=lambda: (broadcaster.published, broadcaster.state.step))
 
 
 def _pinger(dht, swarm: str) -> Callable[[Collection[str]], Awaitable[set[str]]]:
@@ -274,7 +274,7 @@ def run_coordinator(node_config: NodeConfig, planner_config: PlannerConfig, broa
                                   silent=_pinger(dht, node_config.swarm))
         beside_loops = []
         if metrics_server is not None:
-            collector = CoordinatorCollector(broadcaster, SwarmRecords(dht, node_config.swarm))
+            collector = CoordinatorCollector(lambda: broadcaster.published, SwarmRecords(dht, node_config.swarm))
             metrics_server.register(collector)
             beside_loops.append(collector.watch)
         if export is not None:

@@ -34,7 +34,7 @@ from hetswarm.client.peer.addresses import MetricsAddress
 from hetswarm.client.peer.held_out import swarm_held_out
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import LinkMeasurement, PeerRecord, Progress
+from hetswarm.protocol.records import Assignment, LinkMeasurement, PeerRecord, Progress
 from hetswarm.protocol.units import BITS_PER_MBIT, MS_PER_S
 
 __all__ = ["ClientCollector", "CoordinatorCollector", "MetricsServer", "beside", "serve_metrics"]
@@ -232,10 +232,12 @@ class ClientCollector(Collector):
 class CoordinatorCollector(Collector):
     """The coordinator's figures: the plan it publishes, and the swarm as the records it reads say (`watch`)."""
 
-    def __init__(self, broadcaster: Any, records: SwarmRecords, *, interval_s: float = 5.0) -> None:
+    def __init__(self, published: Callable[[], Assignment | None], records: SwarmRecords, *,
+                 interval_s: float = 5.0) -> None:
+        """`published`: the plan the coordinator publishes now (None before its first)."""
         if interval_s <= 0:
             raise ConfigError(f"interval_s must be positive, got {interval_s}")
-        self.broadcaster, self.records, self.interval_s = broadcaster, records, interval_s
+        self.published, self.records, self.interval_s = published, records, interval_s
         self.peers: dict[str, PeerRecord] = {}
         self.progress: dict[str, Progress] = {}
         self._seen: dict[str, collections.deque[tuple[int, int, float]]] = {}
@@ -262,7 +264,7 @@ class CoordinatorCollector(Collector):
             del self._seen[gone]
 
     def collect(self) -> Iterable[Metric]:
-        assignment = getattr(self.broadcaster, "assignment", None)
+        assignment = self.published()
         yield from _safely(lambda: _plan(assignment), "plan")
         yield from _safely(lambda: self._members(assignment), "progress")
         yield from _safely(self._swarm, "swarm")

@@ -6,7 +6,9 @@ import functools
 
 from hetswarm.client.peer.emulation import SiteLinks
 from hetswarm.coordinator.assignment_record import build_assignment
+from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, propose
+from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.model_config import get_model_config
@@ -52,3 +54,26 @@ def plan(version: int = 7, step: int = 5, *, d_dp: int = 2, d_pp: int = 2) -> As
     """An assignment of PEERS as the coordinator would publish it."""
     return build_assignment(scheduled(d_dp, d_pp), coordinator_id=COORDINATOR, version=version, reason="test",
                             step=step)
+
+
+class Publishing:
+    """A replanner whose every decision is published at once, as the coordinator's loop does when every placed peer
+    answers and the state is found (coordinator/broadcaster.py): each round it is handed the plan in force."""
+
+    def __init__(self, replanner: Replanner, in_force: PlanInForce | None = None) -> None:
+        self.replanner, self.in_force = replanner, in_force
+
+    def decide(self, records: dict[str, PeerRecord], now: float) -> tuple[Proposal, str] | None:
+        decision = self.replanner.decide(records, now, in_force=self.in_force)
+        if decision is not None:
+            proposal, reason = decision
+            version = self.in_force.assignment.version + 1 if self.in_force is not None else 1
+            assignment = build_assignment(proposal, coordinator_id=COORDINATOR, version=version, reason=reason, step=0)
+            self.in_force = PlanInForce(assignment=assignment, origin="this run", pricing=proposal)
+        return decision
+
+    def note_trouble(self, **trouble) -> None:
+        self.replanner.note_trouble(**trouble)
+
+    def left_out(self, now: float) -> dict[str, str]:
+        return self.replanner.left_out(now)
