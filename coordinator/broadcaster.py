@@ -40,7 +40,6 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.coordinator.admission import Admission
 from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
-from hetswarm.coordinator.claims import ClaimCheck
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.plan_in_force import PlanInForce
@@ -50,6 +49,7 @@ from hetswarm.coordinator.refusals_board import RefusalsBoard
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.run_state import CoordinatorState, StateFile, highest_followed_version, load_state, start_step
+from hetswarm.coordinator.screening import Screening
 from hetswarm.coordinator.state_plan import (
     StatePlan,
     checkpoint_plan,
@@ -141,8 +141,6 @@ class Broadcaster:
         self.dht, self.private_key, self.coordinator_id = dht, private_key, coordinator_id
         self.records = SwarmRecords(dht, config.swarm, private_key=private_key, timeout_s=config.request_timeout_s)
         self.replanner, self.config = replanner, config
-        self.admission = admission or Admission(swarm=config.swarm)
-        self.claims = ClaimCheck()
         self.losses = LossWatch(threshold=config.rollback_spike)
         self.reports = ReportCheck(silent, coordinator_id=coordinator_id, remember_s=replanner.config.suspect_s)
         self.state = state or CoordinatorState(coordinator_id=coordinator_id)
@@ -153,11 +151,8 @@ class Broadcaster:
         self.state_file = StateFile(config.state_path, state)
         self._peers: dict[str, PeerRecord] = {}
         """The peers' records of the last read."""
-        self._not_admitted: dict[str, str] = {}
-        """Peers of the last read that the admission rule refused, with the reason."""
-        self._flagged: dict[str, str] = {}
-        """Peers whose claims their measured compute contradicts (coordinator/claims.py) or whose advertised
-        checkpoints the ledger does (coordinator/checkpoint_ledger.py), with the reason."""
+        self.screening = Screening(admission or Admission(swarm=config.swarm), self.ledger,
+                                   n_layers=replanner.config.model.n_layers)
         self.refusals = RefusalsBoard(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
         self.sourcing = StateSourcing(self.ledger, lost_state_wait_s=config.lost_state_wait_s)
 
@@ -189,14 +184,7 @@ class Broadcaster:
         plan = self.state.plan
         records = await self._read(PEERS_FIELD, prefer=plan.assignment.roles if plan is not None else ())
         if records is not None:
-            records, self._not_admitted = self.admission.screen(records)
-            records, self._flagged = self.claims.judge(records)
-            self.replanner.trusted = self.claims.confirmed
-            self._peers = records
-            if self.ledger.observe(records):
-                self.state = replace(self.state, checkpoints=self.ledger.to_json())
-                self.state_file.save(self.state)
-            self._flagged |= self.ledger.contradicted(records, self.replanner.config.model.n_layers)
+            self._peers = records = self._screen(records)
             self._keep_above(highest_followed_version(records, plan.assignment if plan is not None else None))
             if plan is not None and plan.origin == "recovered":
                 self.state = take_over(self.state, records, self.replanner.fits)
@@ -211,7 +199,17 @@ class Broadcaster:
         await self._roll_back_on_spike()
         if self.published is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
-        await self.refusals.publish(self._not_admitted | self.replanner.left_out(time.monotonic()), self._flagged)
+        await self.refusals.publish(self.screening.refused | self.replanner.left_out(time.monotonic()),
+                                    self.screening.flagged)
+
+    def _screen(self, records: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
+        """The records to plan with (coordinator/screening.py); a checkpoint the ledger learned of is saved."""
+        records, learned = self.screening.screen(records)
+        self.replanner.trusted = self.screening.claims.confirmed
+        if learned:
+            self.state = replace(self.state, checkpoints=self.ledger.to_json())
+            self.state_file.save(self.state)
+        return records
 
     async def _all_answer(self, proposal: Proposal) -> bool:
         """Whether every peer `proposal` places answers our ping; the silent ones are left out of the next
@@ -237,19 +235,11 @@ class Broadcaster:
 
     async def _roll_back_on_spike(self) -> None:
         """Plans the same roles again from the newest checkpoint before a loss spike (coordinator/loss_watch.py)."""
-        spike, plan = self.losses.spike(), self.state.plan
-        if spike is None or plan is None or not plan.ours:
+        plan = self.state.plan
+        if plan is None or not plan.ours:
             return
-        proposal = plan.pricing
-        origin = self.sourcing.rollback(self._peers, plan.assignment.roles, proposal.model.n_layers,
-                                        before=spike.last_good + 1, why=spike.describe())
-        if origin is None:
-            logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
-            self.losses.settle(spike, rolled_back_to=None, through_newest=True)
-            return
-        logger.warning(f"{spike.describe()}: rolling back to the checkpoints of step {origin.step}")
-        self.losses.settle(spike, rolled_back_to=origin.step)
-        await self._announce(proposal, "", version=self.state.version + 1, origin=origin)
+        if (origin := self.sourcing.after_spike(self.losses, self._peers, plan.pricing)) is not None:
+            await self._announce(plan.pricing, "", version=self.state.version + 1, origin=origin)
 
     async def _announce(self, proposal: Proposal, reason: str, *, version: int, origin: StatePlan | None = None
                         ) -> None:
@@ -294,7 +284,7 @@ class Broadcaster:
         progress = await self._read(PROGRESS_FIELD, prefer=plan.roles)
         if progress is None:
             return
-        self.claims.observe(plan, progress)
+        self.screening.claims.observe(plan, progress)
         self.losses.observe(plan, progress)
         step = start_step(plan, progress, remembered=self.state.step)
         if step != self.state.step:

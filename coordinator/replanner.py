@@ -30,7 +30,7 @@ from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, deployed, propose, reprice
 from hetswarm.coordinator.reports import REACHED_NOBODY
 from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
-from hetswarm.coordinator.sticky import held_layers, migration, search_pays, sticky_pipelines
+from hetswarm.coordinator.sticky import sticky_or_searched
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id, short_ids
 from hetswarm.protocol.records import Assignment, PeerRecord
@@ -187,7 +187,7 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"Keeping the current plan: {e}")
             return None
-        chosen, why = self._sticky_or_searched(view, fresh, current.pipelines, current.execution)
+        chosen, why = sticky_or_searched(view, fresh, current.pipelines, current.execution, self.config)
         if chosen is not fresh:
             logger.info(f"Kept the plan: a fresh one is predicted at {fresh.live.total_s:.3f} s vs {repriced:.3f} s "
                         f"now, which does not clear the {self.config.improvement:.0%} threshold or pay for its moves")
@@ -204,39 +204,10 @@ class Replanner:
         except NoFeasiblePlan as e:
             self._refuse(f"{reason}, but {e}")
             return None
-        proposal, why = (self._sticky_or_searched(view, searched, basis.pipelines, _runs(basis))
+        proposal, why = (sticky_or_searched(view, searched, basis.pipelines, _runs(basis), self.config)
                          if basis is not None else (searched, ""))
         self._considered_at, self._last_refusal = now, ""
         return proposal, f"{reason}; {why}" if why else reason
-
-    def _sticky_or_searched(self, view: SwarmView, searched: Proposal, in_force: list[list[str]] | None,
-                            runs: Execution | None) -> tuple[Proposal, str]:
-        """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
-        (coordinator/sticky.py); and which peers move, and why."""
-        model, wire = self.config.model, searched.wire
-        held = held_layers(in_force, runs.stage_layers) if in_force else {}
-        kept = None
-        if in_force:
-            kept = sticky_pipelines(in_force, view, d_dp=self.config.d_dp,
-                                    price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
-        moves = migration(searched.pipelines, searched.execution.stage_layers, held, view, model)
-        try:
-            sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
-        except NoFeasiblePlan:
-            sticky = None
-        if sticky is None:
-            return searched, moves.describe()
-        gain_s = sticky.live.total_s - searched.live.total_s
-        staying = migration(kept, runs.stage_layers, held, view, model)
-        extra_s = moves.seconds - staying.seconds
-        if search_pays(moves, staying, gain_s, sticky.live.total_s, improvement=self.config.improvement,
-                       payback_steps=self.config.payback_steps):
-            faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
-            if not moves.moves:
-                return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"
-            return searched, (f"{moves.describe()}: {faster} and pays back its {max(extra_s, 0):.1f} s of hand-off "
-                              f"in {math.ceil(max(extra_s, 0) / gain_s)} steps")
-        return sticky, staying.describe()
 
     def _refuse(self, message: str, level: int = logging.WARNING) -> None:
         if message != self._last_refusal:  # once per situation, not once per poll

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
+from hetswarm.coordinator.loss_watch import LossWatch
 from hetswarm.coordinator.planner import Proposal
 from hetswarm.coordinator.run_state import start_step
 from hetswarm.coordinator.state_plan import StatePlan, kept_state, plan_state, rollback_state
@@ -48,11 +49,22 @@ class StateSourcing:
             return None
         return origin
 
-    def rollback(self, records: Mapping[str, PeerRecord], alive: Collection[str], n_layers: int, *,
-                 before: int, why: str) -> StatePlan | None:
-        """The newest complete checkpoint before step `before` (coordinator/state_plan.py, rollback_state)."""
-        return rollback_state(records, alive, n_layers, before=before, why=why, abandoned=self._abandoned,
-                              ledger=self.ledger)
+    def after_spike(self, losses: LossWatch, records: Mapping[str, PeerRecord], in_force: Proposal
+                    ) -> StatePlan | None:
+        """After a loss spike under `in_force` (coordinator/loss_watch.py), the newest complete checkpoint before it
+        (coordinator/state_plan.py, rollback_state), the spike settled either way; None: no spike, or no such
+        checkpoint (logged, and training goes on)."""
+        if (spike := losses.spike()) is None:
+            return None
+        origin = rollback_state(records, in_force.view.peer_ids, in_force.model.n_layers, before=spike.last_good + 1,
+                                why=spike.describe(), abandoned=self._abandoned, ledger=self.ledger)
+        if origin is None:
+            logger.warning(f"{spike.describe()}, and no complete checkpoint before it to roll back to; going on")
+            losses.settle(spike, rolled_back_to=None, through_newest=True)
+            return None
+        logger.warning(f"{spike.describe()}: rolling back to the checkpoints of step {origin.step}")
+        losses.settle(spike, rolled_back_to=origin.step)
+        return origin
 
     def published(self, origin: StatePlan, assignment: Assignment, previous: Assignment | None) -> None:
         """Notes that `assignment` went out with `origin`'s state."""

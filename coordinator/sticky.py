@@ -18,20 +18,22 @@ and why.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from hetswarm.coordinator.planner import PlannerConfig, Proposal, deployed
 from hetswarm.coordinator.scheduling.cost_model import edge_time_s
-from hetswarm.coordinator.scheduling.live_cost import NoFeasiblePlan
+from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
 
 __all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_layers", "held_stages", "migration", "search_pays",
-           "sticky_pipelines"]
+           "sticky_or_searched", "sticky_pipelines"]
 
 STATE_BYTES_PER_PARAM = 12
 """fp32 parameter + AdamW's two fp32 moments."""
@@ -154,3 +156,31 @@ def _filled(pipelines: list[list[str]], vacancies: list[tuple[int, int]], standb
         pipelines[r][s] = best
         standbys.remove(best)
     return pipelines
+
+
+def sticky_or_searched(view: SwarmView, searched: Proposal, in_force: list[list[str]], runs: Execution,
+                       config: PlannerConfig) -> tuple[Proposal, str]:
+    """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
+    (module docstring); and which peers move, and why."""
+    model, wire = config.model, searched.wire
+    held = held_layers(in_force, runs.stage_layers)
+    kept = sticky_pipelines(in_force, view, d_dp=config.d_dp,
+                            price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
+    moves = migration(searched.pipelines, searched.execution.stage_layers, held, view, model)
+    try:
+        sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
+    except NoFeasiblePlan:
+        sticky = None
+    if sticky is None:
+        return searched, moves.describe()
+    gain_s = sticky.live.total_s - searched.live.total_s
+    staying = migration(kept, runs.stage_layers, held, view, model)
+    extra_s = moves.seconds - staying.seconds
+    if search_pays(moves, staying, gain_s, sticky.live.total_s, improvement=config.improvement,
+                   payback_steps=config.payback_steps):
+        faster = f"the search's plan is {gain_s / sticky.live.total_s:.0%} faster per step"
+        if not moves.moves:
+            return searched, f"nobody changes stage, the pipelines are re-paired: {faster}"
+        return searched, (f"{moves.describe()}: {faster} and pays back its {max(extra_s, 0):.1f} s of hand-off "
+                          f"in {math.ceil(max(extra_s, 0) / gain_s)} steps")
+    return sticky, staying.describe()
