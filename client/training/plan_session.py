@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hivemind.p2p import PeerID
@@ -28,7 +29,8 @@ from hetswarm.client.training.stage_state import StageState, merged, units_of_la
 from hetswarm.client.training.stage_worker import StageWorker
 from hetswarm.client.training.state_handoff import HandoffReport, agree_on_step, fetch_state
 from hetswarm.protocol.keys import state_namespace
-from hetswarm.protocol.records import Assignment, Health, PeerRole, StateOrigin
+from hetswarm.protocol.records import Assignment, Health, StateOrigin
+from hetswarm.protocol.stage_role import StageRole
 
 if TYPE_CHECKING:
     from hetswarm.client.training.trainer import Trainer
@@ -45,10 +47,11 @@ class PlanSession:
     """This peer's part of one assignment (module docstring); the trainer's node, data, state store and progress
     records serve every session."""
 
-    def __init__(self, trainer: Trainer, assignment: Assignment, role: PeerRole) -> None:
+    def __init__(self, trainer: Trainer, assignment: Assignment, role: StageRole) -> None:
+        """`role`: this peer's part in `assignment` (protocol/stage_role.py); its `first_step` is settled by `start`."""
         self.trainer, self.assignment, self.role = trainer, assignment, role
         self.worker: StageWorker | None = None
-        self._step = assignment.step
+        self._step = role.first_step
         """The step the training loop is on, for reports made beside it (the heartbeat)."""
 
     async def start(self) -> None:
@@ -57,23 +60,23 @@ class PlanSession:
         Raises:
             StageError: the stage could not start (its peers did not come up, its state is nowhere).
         """
-        trainer, role, loop = self.trainer, self.role, asyncio.get_running_loop()
+        trainer, loop = self.trainer, asyncio.get_running_loop()
         started = loop.time()
-        self.assignment = self.assignment.copy(update={"step": await self._start_step()})
-        self._step = self.assignment.step
-        logger.info(f"Assignment {self.assignment.version}: stage {role.stage} of pipeline {role.replica}, "
-                    f"from step {self.assignment.step}")
+        role = self.role = replace(self.role, first_step=await self._start_step())
+        self._step = role.first_step
+        logger.info(f"Assignment {role.version}: stage {role.stage} of pipeline {role.pipeline}, "
+                    f"from step {role.first_step}")
         await self._wait_for_peers()
-        logger.debug(f"Peers on version {self.assignment.version} after {loop.time() - started:.1f} s")
+        logger.debug(f"Peers on version {role.version} after {loop.time() - started:.1f} s")
         state = await self._state_for()
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_start.py)
-            self.assignment, trainer.node.private_key, p2p=trainer.node.p2p, swarm=trainer.node.config.swarm,
+            role, trainer.node.private_key, p2p=trainer.node.p2p, swarm=trainer.node.config.swarm,
             device=trainer.device, data=trainer.data, seed=trainer.seed, config=trainer.config.stage,
             emulated_tflops=trainer.config.emulated_tflops, model_dir=trainer.config.model_dir)
         if state is not None:
             state.apply(worker.module, worker.optimizer)
         trainer.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,
-                                                       self.assignment.step))
+                                                       role.first_step))
         logger.info(f"Stage {role.stage} ready after {loop.time() - started:.1f} s")
 
     async def run(self) -> None:
@@ -117,11 +120,11 @@ class PlanSession:
         Raises:
             StateUnavailable: the plan says the state exists, but no peer asked holds it.
         """
-        assignment, role = self.assignment, self.role
-        model, handoff, step = assignment.model_config(), assignment.handoff, assignment.step
+        role = self.role
+        model, handoff, step = role.model, self.assignment.handoff, role.first_step
         if handoff is not None and handoff.resumed_from_checkpoint:
             self.trainer.store.forget_after(step)
-        units = units_of_layers(tuple(assignment.stage_layers[role.stage]), model.n_layers)
+        units = units_of_layers(role.layers, model.n_layers)
         seeded = set(units) if handoff is None else {
             unit for a, b in handoff.seeded_layers for unit in units_of_layers((a, b), model.n_layers)}
         local = await asyncio.to_thread(self.trainer.store.find_part, step, units)  # a new cut may leave us a part
@@ -133,7 +136,7 @@ class PlanSession:
             logger.info(f"Stage {role.stage} starts at step {step} from "
                         f"{'the seed' if local is None else 'the state this peer holds'}")
             return local
-        candidates = [*handoff.sources, *(chain[role.stage] for chain in assignment.pipelines)][:64]
+        candidates = [*handoff.sources, *role.group][:64]
         state, report = await fetch_state(
             self.trainer.node.p2p, [PeerID.from_base58(peer) for peer in candidates], step=step, units=missing,
             model=model,
@@ -149,7 +152,7 @@ class PlanSession:
 
     async def _wait_for_peers(self) -> None:
         """Until the peers this stage talks to say, in their records, that they follow this version too."""
-        assignment, talks_to = self.assignment, _talks_to(self.assignment, self.role, self.trainer.node.peer_id)
+        version, talks_to = self.role.version, _talks_to(self.role)
         deadline = asyncio.get_running_loop().time() + self.trainer.config.peer_wait_s
         while talks_to and self.trainer.config.peer_wait_s > 0 and asyncio.get_running_loop().time() < deadline:
             try:
@@ -157,11 +160,11 @@ class PlanSession:
             except TimeoutError:
                 continue
             talks_to = {p for p in talks_to
-                        if p not in records or (records[p].assignment_version or 0) < assignment.version}
+                        if p not in records or (records[p].assignment_version or 0) < version}
             if talks_to:
                 await asyncio.sleep(0.5)
         if talks_to and self.trainer.config.peer_wait_s > 0:
-            logger.info(f"{len(talks_to)} peer(s) have not announced version {assignment.version} yet; starting anyway")
+            logger.info(f"{len(talks_to)} peer(s) have not announced version {version} yet; starting anyway")
 
     async def _watch_peers(self, worker: StageWorker) -> None:
         """Pings the peers this stage talks to every heartbeat; those whose pings failed `heartbeat_misses` times in a
@@ -170,7 +173,7 @@ class PlanSession:
         A ping is never cancelled: one still in flight at the next heartbeat just counts as late, and no second one
         is sent to that peer. (hivemind 1.1.12's control client stopped reading p2pd's answers when one came for a
         call just cancelled; client/peer/hivemind_compat/control.py repairs that.)"""
-        peers = sorted(_talks_to(self.assignment, self.role, self.trainer.node.peer_id))
+        peers = sorted(_talks_to(self.role))
         misses, reported = dict.fromkeys(peers, 0), set()
         in_flight: dict[str, asyncio.Task] = {}
         while peers:
@@ -191,7 +194,7 @@ class PlanSession:
             reported = silent
 
     async def _train(self, worker: StageWorker) -> None:
-        step, failures, max_steps = self.assignment.step, 0, self.trainer.config.max_steps
+        step, failures, max_steps = self.role.first_step, 0, self.trainer.config.max_steps
         worker.on_failure = lambda error: self.report_trouble(step, "retrying", error)
         while max_steps is None or step < max_steps:
             self._step = step
@@ -235,14 +238,10 @@ class PlanSession:
         self.trainer.store.remember(state)
         plan, role = assignment.checkpoints, self.role
         if (self.trainer.checkpoints is not None and plan is not None and step % plan.every == 0
-                and plan.savers[role.stage] == self.trainer.node.peer_id):
-            self.trainer.checkpoints.submit(state, layers=tuple(assignment.stage_layers[role.stage]),
-                                            model=assignment.model_config(), plan_version=assignment.version)
+                and plan.savers[role.stage] == role.peer_id):
+            self.trainer.checkpoints.submit(state, layers=role.layers, model=role.model, plan_version=role.version)
 
 
-def _talks_to(assignment: Assignment, role: PeerRole, me: str) -> set[str]:
+def _talks_to(role: StageRole) -> set[str]:
     """The peers a stage exchanges frames, votes or gradients with: its pipeline neighbours and its stage group."""
-    pipeline = assignment.pipelines[role.replica]
-    peers = {pipeline[s] for s in (role.stage - 1, role.stage + 1) if 0 <= s < assignment.d_pp}
-    peers |= {chain[role.stage] for chain in assignment.pipelines}
-    return peers - {me}
+    return {peer for peer in (*role.neighbours, *role.group) if peer is not None} - {role.peer_id}

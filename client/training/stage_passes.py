@@ -25,7 +25,7 @@ from hetswarm.client.training.neighbour_streams import NeighbourStreams
 from hetswarm.client.training.pipeline_schedule import pass_order
 from hetswarm.client.training.reference import micro_batch_loss
 from hetswarm.client.training.step_clock import current_clock, mark, start_clock, waiting
-from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
+from hetswarm.protocol.stage_role import StageRole
 
 __all__ = ["StagePasses", "in_thread"]
 
@@ -50,16 +50,14 @@ async def in_thread(fn: Callable, *args):
 class StagePasses:
     """One stage of one pipeline: its module, its data and its neighbour streams."""
 
-    def __init__(self, module: StageModule, *, streams: NeighbourStreams, data: TokenSource, model_config: ModelConfig,
-                 pipeline: int, n_pipelines: int, stage: int, d_pp: int, device: torch.device,
-                 schedule: PipelineSchedule = "gpipe", emulated_tflops: float | None = None) -> None:
-        self.module, self.streams, self.data, self.model_config = module, streams, data, model_config
-        self.pipeline, self.n_pipelines, self.stage, self.d_pp = pipeline, n_pipelines, stage, d_pp
-        self.device, self.schedule = device, schedule
+    def __init__(self, module: StageModule, role: StageRole, *, streams: NeighbourStreams, data: TokenSource,
+                 device: torch.device, emulated_tflops: float | None = None) -> None:
+        self.module, self.role, self.streams, self.data, self.device = module, role, streams, data, device
+        model_config = role.model
         self.emulated_tflops = emulated_tflops
         """Every computation here takes as long as on a device of this speed (`hetswarm join --emulate-tflops`)."""
         self.micro_batches = model_config.micro_batches
-        self.micro_batch_size = sequences_per_micro_batch(model_config, n_pipelines)
+        self.micro_batch_size = sequences_per_micro_batch(model_config, role.d_dp)
         a, b = module.layers
         self.forward_flops = model_config.flops_per_token_of(b - a, first=module.is_first, last=module.is_last) / 3 \
             * self.micro_batch_size * model_config.seq_len
@@ -69,13 +67,14 @@ class StagePasses:
     @property
     def tokens_per_step(self) -> int:
         """Tokens this pipeline trains on in one step."""
-        return self.micro_batches * self.micro_batch_size * self.model_config.seq_len
+        return self.micro_batches * self.micro_batch_size * self.role.model.seq_len
 
     async def run(self, step: int, attempt: int, sends: asyncio.TaskGroup) -> float | None:
         """Every micro-batch's forward and backward in the plan's schedule; returns the pipeline's loss on the last
         stage (summed in micro-batch order, whatever the schedule), else None."""
         held, losses = {}, {}  # micro-batch → (output or loss, input) until its backward
-        for kind, m in pass_order(self.schedule, stage=self.stage, d_pp=self.d_pp, micro_batches=self.micro_batches):
+        role = self.role
+        for kind, m in pass_order(role.schedule, stage=role.stage, d_pp=role.d_pp, micro_batches=self.micro_batches):
             if kind == "forward":
                 held[m] = await self._forward(step, attempt, m, sends)
                 continue
@@ -94,14 +93,14 @@ class StagePasses:
         on the last stage) and the input. Of kind `held-out`: a micro-batch of the held-out set, without autograd."""
         training = kind == "activations"
         if training:
-            tokens, targets = self.data.batch(step=self.model_config.data_step(step), pipeline=self.pipeline,
-                                              n_pipelines=self.n_pipelines, micro_batch=m,
+            tokens, targets = self.data.batch(step=self.role.model.data_step(step), pipeline=self.role.pipeline,
+                                              n_pipelines=self.role.d_dp, micro_batch=m,
                                               micro_batch_size=self.micro_batch_size,
-                                              seq_len=self.model_config.seq_len)  # (B, T), (B, T)
+                                              seq_len=self.role.model.seq_len)  # (B, T), (B, T)
         else:
             tokens, targets = self.data.held_out_batch(micro_batch=m, micro_batch_size=self.micro_batch_size,
                                                        micro_batches=self.micro_batches,
-                                                       seq_len=self.model_config.seq_len)  # (B, T), (B, T)
+                                                       seq_len=self.role.model.seq_len)  # (B, T), (B, T)
         if self.module.is_first:
             x = tokens.to(self.device)
         else:

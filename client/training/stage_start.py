@@ -31,83 +31,77 @@ from hetswarm.protocol.keys import (
     stage_namespace,
 )
 from hetswarm.protocol.model_config import ModelConfig
-from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.stage_role import StageRole
 
 __all__ = ["check_data", "check_deltas", "start_stage"]
 
 logger = logging.getLogger(__name__)
 
 
-def _eval_every(assignment: Assignment, data: TokenSource) -> int:
+def _eval_every(role: StageRole, data: TokenSource) -> int:
     """The plan's evaluation period, or 0 when the data has no usable held-out split (every peer's data is the
     plan's, so every stage of the pipeline decides alike)."""
-    problem = data.held_out_problem(assignment.model_config().seq_len) if assignment.eval_every else None
+    problem = data.held_out_problem(role.model.seq_len) if role.eval_every else None
     if problem is not None:
-        logger.warning(f"Plan v{assignment.version} asks for a held-out loss every {assignment.eval_every} steps, "
+        logger.warning(f"Plan v{role.version} asks for a held-out loss every {role.eval_every} steps, "
                        f"but {problem}: none measured")
         return 0
-    return assignment.eval_every
+    return role.eval_every
 
 
 async def start_stage(
-    assignment: Assignment, identity: RSAPrivateKey, *, p2p: P2P, swarm: str, device: torch.device | str,
+    role: StageRole, identity: RSAPrivateKey, *, p2p: P2P, swarm: str, device: torch.device | str,
     data: TokenSource, seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
     model_dir: Path | None = None,
 ) -> StageWorker:
-    """Builds this peer's stage of the plan, serving its neighbour streams and its group, once all its peers answer.
+    """Builds this peer's stage of the plan (`role`, protocol/stage_role.py), serving its neighbour streams and its
+    group, once all its peers answer.
 
-    `identity` is this peer's key (``p2p``'s peer id is its): it signs the peer's commit votes. Every peer of the
-    swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start from identical weights and
-    the two ends of a pipeline draw the same micro-batches. A model that starts from a Hugging Face folder's
-    weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
+    `identity` is this peer's key (``p2p``'s peer id is its, and `role`'s): it signs the peer's commit votes. Every
+    peer of the swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start from identical
+    weights and the two ends of a pipeline draw the same micro-batches. A model that starts from a Hugging Face
+    folder's weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
 
     Raises:
-        StageError: this peer has no role in the assignment, its peers did not come up in time, ``data`` is not
+        StageError: ``identity`` is not the role's peer, its peers did not come up in time, ``data`` is not
             the plan's, or ``model_dir`` is not the folder the plan's model starts from.
     """
-    me = peer_id_of(identity.get_public_key())
-    if me not in assignment.roles:
-        raise StageError(f"{me} has no role in assignment version {assignment.version}")
-    role, device = assignment.roles[me], torch.device(device)
-    my_pipeline = assignment.pipelines[role.replica]  # its peers, in stage order
-    model_config = assignment.model_config()  # checked where the assignment was accepted
-    module = build_stage(model_config, role.stage, assignment.d_pp, seed=seed, device=device,
-                         stage_layers=assignment.stage_layers,  # only its layers, cut as the plan says
-                         recompute=assignment.recompute)
+    if (me := peer_id_of(identity.get_public_key())) != role.peer_id:
+        raise StageError(f"this peer is {me}, the role is {role.peer_id}'s")
+    device, model_config = torch.device(device), role.model
+    module = build_stage(model_config, role.stage, role.d_pp, seed=seed, device=device,
+                         stage_layers=list(role.stage_layers),  # only its layers, cut as the plan says
+                         recompute=role.recompute)
     check_data(model_config, data)
     if model_config.init_digest is not None:
         await _load_initial_weights(module, model_dir)
 
-    neighbours = [my_pipeline[s] if 0 <= s < assignment.d_pp else None for s in (role.stage - 1, role.stage + 1)]
-    previous, following = (PeerID.from_base58(peer) if peer else None for peer in neighbours)
-    wire = assignment.wire_format()
-    plan = StreamPlan(assignment_version=assignment.version, pipeline=role.replica,
-                    micro_batches=assignment.micro_batches, wire=wire, previous=previous, next=following,
-                    shape=(sequences_per_micro_batch(model_config, assignment.d_dp), model_config.seq_len,
-                           model_config.d_model), data_period=model_config.data_period)
-    if wire.activation_deltas:
+    previous, following = (PeerID.from_base58(peer) if peer else None for peer in role.neighbours)
+    plan = StreamPlan(assignment_version=role.version, pipeline=role.pipeline, micro_batches=model_config.micro_batches,
+                      wire=role.wire, previous=previous, next=following,
+                      shape=(sequences_per_micro_batch(model_config, role.d_dp), model_config.seq_len,
+                             model_config.d_model), data_period=model_config.data_period)
+    if role.wire.activation_deltas:
         check_deltas(plan, config)
     streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s)
-    members = [PeerID.from_base58(pipeline[role.stage]) for pipeline in assignment.pipelines]  # stage replicas
-    tag = round_tag(swarm, assignment.version, role.stage)
+    members = [PeerID.from_base58(peer) for peer in role.group]  # stage replicas
+    tag = round_tag(swarm, role.version, role.stage)
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
-                       aggregation=assignment.aggregation, codec=wire.allreduce, private_key=identity)
+                       aggregation=role.aggregation, codec=role.wire.allreduce, private_key=identity)
 
-    everyone = [PeerID.from_base58(peer) for peer in assignment.roles]
-    board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, assignment.version), private_key=identity)
-    tied = TiedMatrix.of_plan(module, assignment, p2p=p2p, swarm=swarm, sender_timeout_s=config.sender_timeout_s,
+    everyone = [PeerID.from_base58(peer) for peer in role.members]
+    board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, role.version), private_key=identity)
+    tied = TiedMatrix.of_role(module, role, p2p=p2p, swarm=swarm, sender_timeout_s=config.sender_timeout_s,
                               reducer_timeout_s=config.reducer_timeout_s)
     optimizer = config.build_optimizer(module.parameters())
     replicas = ReplicaSync(p2p, members, module, optimizer, namespace=replica_namespace(swarm, role.stage),
                            round_tag=tag, timeout_s=config.commit_timeout_s)
 
-    streams.advance_to(assignment.step)  # a plan that starts mid-training takes frames of its first step at once
-    passes = StagePasses(module, streams=streams, data=data, model_config=model_config, pipeline=role.replica,
-                         n_pipelines=assignment.d_dp, stage=role.stage, d_pp=assignment.d_pp, device=device,
-                         schedule=assignment.schedule, emulated_tflops=emulated_tflops)
+    streams.advance_to(role.first_step)  # a plan that starts mid-training takes frames of its first step at once
+    passes = StagePasses(module, role, streams=streams, data=data, device=device, emulated_tflops=emulated_tflops)
     worker = StageWorker(passes, group=group, board=board, replicas=replicas, config=config, optimizer=optimizer,
-                         eval_every=_eval_every(assignment, data), tied=tied)
+                         eval_every=_eval_every(role, data), tied=tied)
     try:
         await board.attach()  # before the streams: a peer that answers a ping serves every handler
         await replicas.attach()

@@ -233,7 +233,7 @@ class StageWorker:
         self.optimizer.zero_grad(set_to_none=True)
         key = (step, attempt)
         capture = None  # a copy of the state before the step, to put it back; taken while the passes only read it
-        if ahead and self.passes.d_pp == 1 and not self._checks_replicas_after(step, attempt):
+        if ahead and self.passes.role.d_pp == 1 and not self._checks_replicas_after(step, attempt):
             capture = asyncio.ensure_future(asyncio.to_thread(StageState.capture, self.module, self.optimizer, step))
         body = asyncio.create_task(self._compute_attempt(step, attempt, precomputed))
         failed_elsewhere = asyncio.create_task(self.board.wait_failed(key))

@@ -20,7 +20,7 @@ from hivemind.p2p import P2P, PeerID
 from hetswarm.client.training.group_allreduce import StageGroup
 from hetswarm.client.training.model import EMBEDDING_MATRIX, HEAD_MATRIX, StageModule
 from hetswarm.protocol.keys import tied_namespace
-from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.stage_role import StageRole
 
 __all__ = ["TiedMatrix"]
 
@@ -34,15 +34,14 @@ class TiedMatrix:
         """Where the matrix is among the stage's parameters (and its gradients)."""
 
     @classmethod
-    def of_plan(cls, module: StageModule, assignment: Assignment, *, p2p: P2P, swarm: str, sender_timeout_s: float,
+    def of_role(cls, module: StageModule, role: StageRole, *, p2p: P2P, swarm: str, sender_timeout_s: float,
                 reducer_timeout_s: float) -> TiedMatrix | None:
         """This peer's part in keeping the copies equal; None when it holds no copy that another stage holds too."""
-        if not (module.config.tie_embeddings and assignment.d_pp > 1 and (module.is_first or module.is_last)):
+        if not (module.config.tie_embeddings and role.d_pp > 1 and (module.is_first or module.is_last)):
             return None
-        holders = [PeerID.from_base58(pipeline[stage]) for pipeline in assignment.pipelines
-                   for stage in (0, assignment.d_pp - 1)]
+        holders = [PeerID.from_base58(peer) for peer in role.tied_holders]
         group = StageGroup(p2p, holders, namespace=tied_namespace(swarm),
-                           round_tag=f"{swarm}/v{assignment.version}/tied", sender_timeout_s=sender_timeout_s,
+                           round_tag=f"{swarm}/v{role.version}/tied", sender_timeout_s=sender_timeout_s,
                            reducer_timeout_s=reducer_timeout_s,
                            part_norm_ratio=None)  # two different gradients by design: no bound between them
         names = [name for name, _ in module.named_parameters()]

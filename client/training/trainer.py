@@ -38,6 +38,7 @@ from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import state_namespace
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo
+from hetswarm.protocol.stage_role import StageRole
 
 __all__ = ["Trainer", "TrainerConfig", "TrainingSetup"]
 
@@ -180,13 +181,12 @@ class Trainer:
     async def _switch(self, assignment: Assignment) -> PlanSession | None:
         """Closes the old session and starts the one this assignment asks for; None when this peer is a standby, or
         the stage could not start (reported: the coordinator plans without us until we can)."""
-        role = assignment.roles.get(self.node.peer_id)
         await self._close_session()
         self.store.version = assignment.version  # our states of older plans are final now
-        if role is None:
+        if self.node.peer_id not in assignment.roles:
             logger.info(f"Assignment {assignment.version}: standby (no role in this plan)")
             return None
-        session = self.session = PlanSession(self, assignment, role)
+        session = self.session = PlanSession(self, assignment, StageRole.of(assignment, self.node.peer_id))
         try:
             await session.start()
         except StageError as e:

@@ -34,6 +34,7 @@ from hetswarm.client.training.stage_worker import StageConfig, StepReport
 from hetswarm.protocol.codecs import encode_tensor
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.records import Assignment
+from hetswarm.protocol.stage_role import StageRole
 from hetswarm.protocol.votes import SignedVote
 from tests.helpers.dht_nodes import start_node
 
@@ -180,12 +181,12 @@ async def _train(dht: hivemind.DHT, job: TrainJob, key: RSAPrivateKey) -> dict:
     p2p = await dht.replicate_p2p()
     data = TokenSource.from_path(job.data_path, seed=job.data_seed)
     me = peer_id_of(key.get_public_key())
-    worker = await start_stage(job.assignment, key, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
+    role = StageRole.of(job.assignment, me)
+    worker = await start_stage(role, key, p2p=p2p, swarm=job.swarm, device=job.device, data=data,
                                seed=job.seed, config=job.config, model_dir=job.model_dir)
     _inject(worker, job)
     reports: list[StepReport] = []
-    results: dict = {"peer_id": me, "stage": job.assignment.roles[me].stage,
-                     "replica": job.assignment.roles[me].replica}
+    results: dict = {"peer_id": me, "stage": role.stage, "replica": role.pipeline}
     try:
         last = job.assignment.step + job.steps - 1
         for step in range(job.assignment.step, last + 1):
