@@ -16,6 +16,7 @@ from typing import Any, Literal
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.protocol.atomic_files import write_json
+from hetswarm.protocol.keys import ReadyStep
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
 
 __all__ = ["CoordinatorState", "Standing", "StateFile", "highest_followed_version", "load_state", "save_state",
@@ -41,7 +42,7 @@ class CoordinatorState:
     """The identity this state belongs to; another identity's state is never used."""
     version: int = 0
     """The last version published."""
-    step: int = 0
+    step: ReadyStep = 0
     """The step the next plan starts at (`start_step`)."""
     plan: PlanInForce | None = None
     """The plan in force: the last one published (its assignment is what the file keeps)."""
@@ -118,7 +119,7 @@ class StateFile:
 
 
 def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, remembered: int = 0,
-               alive: Collection[str] | None = None) -> int:
+               alive: Collection[str] | None = None) -> ReadyStep:
     """The step a new plan starts at: one past the last step that every surviving member of the current plan
     reported applying under it.
 
@@ -137,8 +138,8 @@ def start_step(current: Assignment | None, progress: Mapping[str, Progress], *, 
     floor = max(remembered, current.step if current is not None else 0)
     if current is None:
         return floor
-    applied = [record.step if record.health == "training" else record.step - 1
-               for signer, record in progress.items() if signer == record.peer_id and signer in current.roles
+    applied = [record.applied for signer, record in progress.items()
+               if signer == record.peer_id and signer in current.roles
                and record.assignment_version == current.version and (alive is None or signer in alive)]
     return max(floor, min(applied) + 1) if applied else floor
 

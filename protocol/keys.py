@@ -21,6 +21,13 @@ AttemptKey = tuple[int, int]
 """(step, attempt): one attempt of a step. A retried step is the same step under attempt + 1 with the same data, so
 nothing of an aborted attempt (a frame, a vote, an all-reduce part, a residual) is ever taken for the retry's."""
 
+ReadyStep = int
+"""A step as a position: the step a state is ready for, every step before it applied (StageState.step,
+Assignment.step, a checkpoint's step, StageWorker.next_step, StageRole.first_step)."""
+AppliedStep = int
+"""A step as a result: the last step applied, whose state is ready for the step after it (StepReport.step, a
+training peer's Progress.step: Progress.applied). Steps are counted from 0, so the first state is ready for 0."""
+
 
 def check_swarm_name(swarm: str) -> str:
     if not _SWARM_NAME.match(swarm):

@@ -12,7 +12,7 @@ from typing import Literal
 import pydantic.v1 as pydantic
 from pydantic.v1 import StrictBool, StrictInt, StrictStr, confloat, conint, conlist, constr
 
-from hetswarm.protocol.keys import PEER_ID_PATTERN
+from hetswarm.protocol.keys import PEER_ID_PATTERN, AppliedStep
 from hetswarm.protocol.limits import (
     MAX_ABORTED_PER_RECORD,
     MAX_BANDWIDTH_MBPS,
@@ -222,7 +222,7 @@ class Assignment(_Record):
     """1F1B holds fewer micro-batches' activations at once than GPipe, for the same step time (coordinator/scheduling/live_cost.py,
     Memory)."""
     step: _Step
-    """Optimizer step the plan starts at (learning-rate schedule position)."""
+    """Optimizer step the plan starts at (learning-rate schedule position): a ReadyStep (protocol/keys.py)."""
     reason: constr(strict=True, max_length=256)
     issued_at: _Timestamp
     handoff: Handoff | None = None
@@ -286,7 +286,8 @@ class Progress(_Record):
     peer_id: _PeerIdStr
     assignment_version: _Step
     step: _Step
-    """With health `training`, the last step this peer committed; otherwise the step it is stuck at."""
+    """With health `training`, the last step this peer committed (an AppliedStep, protocol/keys.py); otherwise the
+    step it is stuck at (a ReadyStep). `applied` reads it either way."""
     loss: confloat(strict=True, ge=0.0, le=MAX_LOSS) | None
     """Mean token cross-entropy of the last step; only last-stage peers compute it."""
     recent_losses: conlist(confloat(strict=True, ge=0.0, le=MAX_LOSS), max_items=MAX_RECENT_LOSSES) = pydantic.Field(
@@ -324,6 +325,12 @@ class Progress(_Record):
     """Bytes this peer downloaded to take over its stage under this plan (0 when it kept or seeded it)."""
     handoff_s: _Seconds = 0.0
     updated_at: _Timestamp
+
+    @property
+    def applied(self) -> AppliedStep:
+        """The last step this peer applied: its `step` while training, the one before the step it is stuck at
+        otherwise (-1: none yet)."""
+        return self.step if self.health == "training" else self.step - 1
 
 
 class Refusals(_Record):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetswarm.protocol.keys import ReadyStep
 from hetswarm.protocol.model_config import ModelConfig, PipelineSchedule
 from hetswarm.protocol.records import Aggregation, Assignment
 from hetswarm.protocol.wire_format import WireFormat
@@ -30,7 +31,7 @@ class StageRole:
     schedule: PipelineSchedule
     recompute: bool
     aggregation: Aggregation
-    first_step: int
+    first_step: ReadyStep
     """The step the stage's state is ready for when it starts."""
     eval_every: int
 

@@ -28,7 +28,7 @@ from hetswarm.client.training.stage_start import start_stage
 from hetswarm.client.training.stage_state import StageState, merged, units_of_layers
 from hetswarm.client.training.stage_worker import StageWorker
 from hetswarm.client.training.state_handoff import HandoffReport, agree_on_step, fetch_state
-from hetswarm.protocol.keys import state_namespace
+from hetswarm.protocol.keys import ReadyStep, state_namespace
 from hetswarm.protocol.records import Assignment, Health, StateOrigin
 from hetswarm.protocol.stage_role import StageRole
 
@@ -231,7 +231,7 @@ class PlanSession:
         logger.info(f"Reached step {max_steps}: training done; serving until stopped")
         self.trainer.finished.set()
 
-    async def _keep_state(self, step: int) -> None:
+    async def _keep_state(self, step: ReadyStep) -> None:
         """Keeps a copy of the state ready for `step` to hand off, and checkpoints it when the plan says so."""
         assignment, worker = self.assignment, self.worker
         state = await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer, step)

@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch
 
 from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.keys import ReadyStep
 
 __all__ = ["StageState", "byte_parts", "decode_tensors", "encode_tensors", "majority_digest", "unit_digests",
            "unit_encodings", "unit_of", "units_of_layers", "units_root"]
@@ -55,11 +56,11 @@ def units_of_layers(layers: tuple[int, int], n_layers: int) -> list[str]:
 class StageState:
     """Parameters and optimizer state of some units, ready for ``step``; tensors are CPU copies."""
 
-    step: int
+    step: ReadyStep
     tensors: dict[str, torch.Tensor]
 
     @classmethod
-    def capture(cls, module: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> StageState:
+    def capture(cls, module: torch.nn.Module, optimizer: torch.optim.Optimizer, step: ReadyStep) -> StageState:
         """A CPU copy of ``module``'s parameters and their AdamW state (empty before the first optimizer step); a
         parameter with two names (tied embeddings) under both, so that a state means the same whatever the cut."""
         tensors = {}

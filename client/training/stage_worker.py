@@ -50,6 +50,7 @@ from hetswarm.client.training.step_clock import mark, start_clock, waiting
 from hetswarm.client.training.step_commit import CommitBoard, vote_for
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.keys import AppliedStep, ReadyStep
 
 __all__ = ["StageConfig", "StageWorker", "StepReport"]
 
@@ -105,7 +106,7 @@ class StageConfig:
 class StepReport:
     """One finished step of this peer, for its Progress record."""
 
-    step: int
+    step: AppliedStep
     loss: float | None
     """This pipeline's mean loss over its micro-batches; only the last stage knows it."""
     compute_s: float
@@ -153,7 +154,7 @@ class StageWorker:
         self.config, self.optimizer = config, optimizer
         self.eval_every = eval_every
         """The pipeline measures its held-out loss after every step s with (s + 1) % eval_every == 0; 0: never."""
-        self.next_step: int | None = None
+        self.next_step: ReadyStep | None = None
         self.retries = self.resyncs = self.rollbacks = 0
         self.on_failure: Callable[[StageError], None] | None = None
         """Called with each failure of an attempt here, before the plan's vote: a driver reports it at once."""
@@ -172,7 +173,7 @@ class StageWorker:
             with contextlib.suppress(Exception):
                 await part.detach()
 
-    async def run_step(self, step: int, *, ahead: bool = True) -> StepReport:
+    async def run_step(self, step: ReadyStep, *, ahead: bool = True) -> StepReport:
         """Trains one step, retrying it under new attempt numbers until the whole plan commits it; steps must come
         in increasing order. Calling again with a step that raised StepAborted goes on with its next attempt.
         ``ahead=False``: no step follows, so none is computed ahead (module docstring).

@@ -26,6 +26,7 @@ from hetswarm.client.peer.served import Served
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import StageState, byte_parts, merged
 from hetswarm.protocol.errors import RejectedInput
+from hetswarm.protocol.keys import ReadyStep
 from hetswarm.protocol.rpc_messages import (
     HeldUnit,
     NewestState,
@@ -72,12 +73,12 @@ class StateStore:
                 kept.append(old)
         self._states = kept
 
-    def forget_after(self, step: int) -> None:
+    def forget_after(self, step: ReadyStep) -> None:
         """Drops the states of steps after ``step`` from memory: a plan went back to it, and they belong to the
         trajectory it abandoned (the coordinator no longer resumes from their checkpoints either)."""
         self._states = [state for state in self._states if state.step <= step]
 
-    def find_part(self, step: int, units: Sequence[str]) -> StageState | None:
+    def find_part(self, step: ReadyStep, units: Sequence[str]) -> StageState | None:
         """Those of ``units`` this peer holds for ``step``, from memory and else from checkpoints (blocking: disk);
         None when it holds none. A plan that cuts the layers anew leaves a peer part of its new stage."""
         part, missing = None, set(units)
