@@ -71,6 +71,11 @@ class StageRole:
         return tuple(chain[self.stage] for chain in self.pipelines)
 
     @property
+    def partners(self) -> frozenset[str]:
+        """The peers this stage exchanges frames, votes or gradients with: its neighbours and its group."""
+        return frozenset(peer for peer in (*self.neighbours, *self.group) if peer is not None) - {self.peer_id}
+
+    @property
     def members(self) -> tuple[str, ...]:
         """Every peer of the plan: the voters on each step's commit."""
         return tuple(peer for chain in self.pipelines for peer in chain)

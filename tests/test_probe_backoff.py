@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import hivemind
+import numpy as np
 import pytest
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
@@ -25,6 +27,7 @@ from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeConfig
 from hetswarm.client.peer.node import Identity, NodeConfig, SwarmNode, start_dht
 from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
+from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
@@ -65,11 +68,12 @@ async def publish_silent_record(dht: hivemind.DHT, identity: Identity) -> None:
     assert await SwarmRecords(dht, SWARM, private_key=identity.private_key).publish(record, ttl_s=120.0)
 
 
-async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identity]], run_s: float
-                         ) -> dict[str, Volunteer]:
+async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identity]], run_s: float,
+                         config: VolunteerConfig = CONFIG) -> dict[str, Volunteer]:
     """Runs one Volunteer per node in this event loop for `run_s`, then stops them (each publishes `leaving`)."""
-    attached = {name: await SwarmNode.attach(config, dht, identity) for name, (config, dht, identity) in nodes.items()}
-    volunteers = {name: Volunteer(node, HARDWARE, CONFIG) for name, node in attached.items()}
+    attached = {name: await SwarmNode.attach(node_config, dht, identity)
+                for name, (node_config, dht, identity) in nodes.items()}
+    volunteers = {name: Volunteer(node, HARDWARE, config) for name, node in attached.items()}
     stop = asyncio.Event()
     try:
         async with asyncio.timeout(run_s + 30):
@@ -196,14 +200,50 @@ def test_a_probe_from_a_peer_not_yet_in_view_waits_for_one_read_and_a_strangers_
     asyncio.run(scenario())
 
 
-def test_a_volunteer_that_measured_more_links_than_a_record_holds_publishes_the_newest():
+@pytest.mark.parametrize("max_links", [MAX_LINKS_PER_RECORD, VolunteerConfig().max_links])
+def test_a_volunteer_that_measured_more_links_than_a_record_holds_publishes_the_newest(max_links):
     node = SimpleNamespace(peer_id=IDS[0], records=None, config=SimpleNamespace(swarm=SWARM),
                            dht=SimpleNamespace(get_visible_maddrs=lambda: []))
-    volunteer = Volunteer(node, HARDWARE, VolunteerConfig())
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(max_links=max_links))
     peers = [f"Qm{index:044d}".translate(str.maketrans("0123456789", "abcdefghij"))  # base58 has no 0
              for index in range(MAX_LINKS_PER_RECORD + 44)]
     volunteer.prober.links = {
         peer: LinkMeasurement(latency_ms=10.0, bandwidth_mbps=100.0, measured_at=float(at), samples=3)
         for at, peer in enumerate(peers)}
     record = volunteer.record()  # validated: it used to fail on its own record past the limit
-    assert sorted(record.links) == sorted(peers[-MAX_LINKS_PER_RECORD:])
+    assert sorted(record.links) == sorted(peers[-max_links:])  # rotated-out links give way to the newest
+
+
+@pytest.mark.swarm
+def test_past_its_budget_each_volunteer_measures_its_share_and_no_pair_twice(tmp_path):
+    """Five volunteers that may each measure two links (client/peer/measurement_policy.py): the records stay within
+    the budget, the smaller id alone measures a pair, and the coordinator estimates the rest from them."""
+    names = [f"v{i}" for i in range(5)]
+    ids = identities(tmp_path, names)
+    first, _ = start_node(SWARM, ids["v0"].path)
+    dhts = [first]
+    try:
+        config = NodeConfig(swarm=SWARM, initial_peers=tuple(str(m) for m in first.get_visible_maddrs()),
+                            host_maddrs=(LOOPBACK,))
+        nodes = {"v0": (config, first, ids["v0"])}
+        for name in names[1:]:
+            dhts.append(start_dht(config, ids[name]))
+            nodes[name] = (config, dhts[-1], ids[name])
+        volunteers = asyncio.run(run_volunteers(nodes, 8.0, replace(CONFIG, max_links=2)))
+        records = {v.node.peer_id: v.record().copy(update={"state": "ready"})  # as they were before they stopped
+                   for v in volunteers.values()}
+    finally:
+        for dht in reversed(dhts):
+            dht.shutdown()
+
+    for me, record in records.items():
+        assert len(record.links) <= 2 and sum(volunteers_probes(volunteers, me).values()) <= 2, record.links
+        assert all(me < other for other in record.links)  # the smaller id measures
+    measured = {frozenset((me, other)) for me, record in records.items() for other in record.links}
+    assert 0 < len(measured) < 10, measured  # fewer than all ten pairs, and never one measured from both ends
+    view = build_view(records)
+    assert len(view.estimated) == 10 - len(measured) and np.isfinite(view.network.latency_ms).all()
+
+
+def volunteers_probes(volunteers: dict[str, Volunteer], peer_id: str) -> dict[str, int]:
+    return next(v.prober.probe_attempts for v in volunteers.values() if v.node.peer_id == peer_id)

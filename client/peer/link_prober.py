@@ -1,9 +1,10 @@
 """Which links of this peer to measure, and when (client/peer/volunteer.py runs the rounds).
 
-Each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's pings wait behind the
-other side's payload on the same link; links count as symmetric, as the paper's model has them. A round measures
-the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a measurement is taken
-again after `reprobe_s`. A peer whose probe failed (crashed, until its record expires; or serving no probe handler)
+Each peer measures at most `max_links` links (client/peer/measurement_policy.py says which: the plan's, its site's,
+a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
+pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
+them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a
+measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. A peer whose probe failed (crashed, until its record expires; or serving no probe handler)
 is tried again only after an exponential backoff, so that it never makes the prober spin.
 """
 from __future__ import annotations
@@ -11,16 +12,17 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.link_probe import measure_link
+from hetswarm.client.peer.measurement_policy import links_to_measure
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.keys import probe_namespace, short_id
-from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
-from hetswarm.protocol.records import LinkMeasurement
+from hetswarm.protocol.records import LinkMeasurement, PeerRecord
 
 if TYPE_CHECKING:
     from hetswarm.client.peer.volunteer import VolunteerConfig
@@ -33,8 +35,10 @@ logger = logging.getLogger(__name__)
 class LinkProber:
     """This peer's link measurements and the probes that make them (module docstring)."""
 
-    def __init__(self, node: SwarmNode, config: VolunteerConfig) -> None:
-        self.node, self.config = node, config
+    def __init__(self, node: SwarmNode, config: VolunteerConfig,
+                 partners: Callable[[], Collection[str]] = frozenset) -> None:
+        """`partners`: the peers the plan in force has this one exchange with, now (their links come first)."""
+        self.node, self.config, self.partners = node, config, partners
         self.links: dict[str, LinkMeasurement] = {}
         self._failures: dict[str, int] = {}
         """Failed probes in a row, per peer in view."""
@@ -49,16 +53,17 @@ class LinkProber:
         return probe_namespace(self.node.config.swarm)
 
     def newest_links(self) -> dict[str, LinkMeasurement]:
-        """The links a record can hold (MAX_LINKS_PER_RECORD), the most recently measured, whatever was measured."""
+        """The links this peer's record lists: the `max_links` most recently measured (a rotated-out link's
+        measurement stays until newer ones push it out)."""
         newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
-        return dict(newest[:MAX_LINKS_PER_RECORD])
+        return dict(newest[:self.config.max_links])
 
-    def wait_s(self, peers: list[str]) -> float:
+    def wait_s(self, peers: Mapping[str, PeerRecord]) -> float:
         """Seconds until one of the links to `peers` that this peer measures is due (`reprobe_s` if none)."""
         return min((self._wait_before_probe(p) for p in self._mine(peers)), default=self.config.reprobe_s)
 
-    async def round(self, peers: list[str]) -> bool:
-        """Probes the due links to `peers` (the peers in view); forgets everything about peers no longer in view.
+    async def round(self, peers: Mapping[str, PeerRecord]) -> bool:
+        """Probes the due links to `peers` (the records in view); forgets everything about peers no longer in view.
         Returns whether a link was measured anew."""
         due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
         due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
@@ -69,9 +74,12 @@ class LinkProber:
         self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
         return bool(measured)
 
-    def _mine(self, peers: list[str]) -> list[str]:
-        """The peers whose link to us we measure: those with a larger id (module docstring)."""
-        return [p for p in peers if p > self.node.peer_id]
+    def _mine(self, peers: Mapping[str, PeerRecord]) -> list[str]:
+        """The peers whose link to us we measure: those of the chosen links with a larger id (module docstring)."""
+        me, epoch = self.node.peer_id, int(get_dht_time() // self.config.reprobe_s)
+        chosen = links_to_measure(me, peers, site=self.config.site, partners=self.partners(),
+                                  budget=self.config.max_links, epoch=epoch)
+        return [p for p in chosen if p > me]
 
     def _wait_before_probe(self, peer: str) -> float:
         """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""

@@ -27,9 +27,10 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer
 from hetswarm.client.peer.link_prober import LinkProber
+from hetswarm.client.peer.measurement_policy import partners_in
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_TOKEN_CHARS
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
@@ -52,6 +53,9 @@ class VolunteerConfig:
     reprobe_s: float = 600.0
     """Links are measured again after this long, and at once when a new peer appears."""
     max_probes_per_round: int = 8
+    max_links: int = 16
+    """The links this peer measures and its record lists, at most (client/peer/measurement_policy.py): up to this
+    many other peers, every pair is measured."""
     probe_backoff_s: float = 5.0
     """After a failed probe the peer is tried again after this long, doubling with each failure in a row."""
     probe_backoff_max_s: float = 300.0
@@ -76,6 +80,8 @@ class VolunteerConfig:
         if self.view_interval_s <= 0 or self.reprobe_s <= 0 or self.max_probes_per_round < 1:
             raise ConfigError(f"bad timing: view_interval_s={self.view_interval_s}, "
                              f"reprobe_s={self.reprobe_s}, max_probes_per_round={self.max_probes_per_round}")
+        if not 1 <= self.max_links <= MAX_LINKS_PER_RECORD:
+            raise ConfigError(f"max_links must be within 1..{MAX_LINKS_PER_RECORD}, got {self.max_links}")
         if not 0 < self.probe_backoff_s <= self.probe_backoff_max_s:
             raise ConfigError(f"need 0 < probe_backoff_s <= probe_backoff_max_s, got {self.probe_backoff_s} and "
                              f"{self.probe_backoff_max_s}")
@@ -103,7 +109,8 @@ class Volunteer:
         self._on_assignment = on_assignment
         self._hook_tasks: set[asyncio.Task] = set()
         self.state: PeerState = "joining"
-        self.prober = LinkProber(node, config)
+        self.prober = LinkProber(node, config, partners=lambda: partners_in(
+            self.follower.current if self.follower else None, node.peer_id))
         self.peers: dict[str, PeerRecord] = {}
         self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
@@ -265,14 +272,14 @@ class Volunteer:
         """Probes the due peers whenever some are due or the view found new ones (client/peer/link_prober.py);
         publishes only news."""
         while True:
-            wait_s = self.prober.wait_s(list(self.peers))
+            wait_s = self.prober.wait_s(self.peers)
             if wait_s > 0:
                 try:
                     await asyncio.wait_for(self._probe_wanted.wait(), timeout=min(wait_s, self.config.reprobe_s))
                 except TimeoutError:
                     pass
             self._probe_wanted.clear()
-            news = await self.prober.round(list(self.peers)) or self.state == "joining"
+            news = await self.prober.round(self.peers) or self.state == "joining"
             if self.state == "joining":
                 self.state = "ready"
             if news:

@@ -152,7 +152,7 @@ class PlanSession:
 
     async def _wait_for_peers(self) -> None:
         """Until the peers this stage talks to say, in their records, that they follow this version too."""
-        version, talks_to = self.role.version, _talks_to(self.role)
+        version, talks_to = self.role.version, set(self.role.partners)
         deadline = asyncio.get_running_loop().time() + self.trainer.config.peer_wait_s
         while talks_to and self.trainer.config.peer_wait_s > 0 and asyncio.get_running_loop().time() < deadline:
             try:
@@ -173,7 +173,7 @@ class PlanSession:
         A ping is never cancelled: one still in flight at the next heartbeat just counts as late, and no second one
         is sent to that peer. (hivemind 1.1.12's control client stopped reading p2pd's answers when one came for a
         call just cancelled; client/peer/hivemind_compat/control.py repairs that.)"""
-        peers = sorted(_talks_to(self.role))
+        peers = sorted(self.role.partners)
         misses, reported = dict.fromkeys(peers, 0), set()
         in_flight: dict[str, asyncio.Task] = {}
         while peers:
@@ -241,7 +241,3 @@ class PlanSession:
                 and plan.savers[role.stage] == role.peer_id):
             self.trainer.checkpoints.submit(state, layers=role.layers, model=role.model, plan_version=role.version)
 
-
-def _talks_to(role: StageRole) -> set[str]:
-    """The peers a stage exchanges frames, votes or gradients with: its pipeline neighbours and its stage group."""
-    return {peer for peer in (*role.neighbours, *role.group) if peer is not None} - {role.peer_id}

@@ -1,0 +1,53 @@
+"""Sparse link measurement (client/peer/measurement_policy.py): at most k links per peer, the plan's and the site's
+first, a rotating sample of the rest; both ends of a pair choose alike, so the smaller id alone measures it."""
+from __future__ import annotations
+
+import itertools
+
+from hetswarm.client.peer.measurement_policy import links_to_measure, pair_draw
+from tests.helpers.swarm_records import record
+
+K = 16
+
+
+def swarm(n: int, sites: int = 8) -> dict:
+    peers = [f"Qm{index:044d}".translate(str.maketrans("0123456789", "abcdefghij")) for index in range(n)]
+    return {peer: record(peer, site=f"site{index % sites}") for index, peer in enumerate(peers)}
+
+
+def chosen(peers: dict, me: str, *, epoch: int = 0, partners=()) -> list[str]:
+    return links_to_measure(me, peers, site=peers[me].site, partners=partners, budget=K, epoch=epoch)
+
+
+def test_up_to_k_plus_one_peers_every_pair_is_measured_as_before():
+    peers = swarm(K + 1)
+    for me in peers:
+        assert set(chosen(peers, me)) == set(peers) - {me}
+
+
+def test_past_the_budget_each_peer_keeps_k_links_the_plans_and_its_sites_first():
+    peers = swarm(200)
+    me = next(iter(peers))
+    partners = list(peers)[100:104]
+    mine = chosen(peers, me, partners=partners)
+    assert len(mine) == K and mine[:4] == sorted(partners, key=lambda peer: pair_draw(me, peer, 0))
+    same_site = sorted((peer for peer in peers if peer != me and peers[peer].site == peers[me].site),
+                       key=lambda peer: pair_draw(me, peer, 0))
+    assert len(same_site) > K and mine[4:] == same_site[:K - 4]  # the site alone would fill the rest
+
+
+def test_a_pair_is_chosen_by_both_ends_or_by_neither_until_a_budget_cuts_it():
+    peers = swarm(120, sites=60)  # two peers per site: the sample, not the site, fills the budget
+    picks = {me: set(links_to_measure(me, peers, site=peers[me].site, partners=(), budget=10 * K, epoch=3))
+             for me in peers}
+    assert all((b in picks[a]) == (a in picks[b]) for a, b in itertools.combinations(peers, 2))
+
+
+def test_the_sample_rotates_so_that_measurements_cover_the_swarm():
+    peers = swarm(200, sites=200)  # no two peers share a site: only the sample
+    me = next(iter(peers))
+    epochs = [set(chosen(peers, me, epoch=epoch)) for epoch in range(40)]
+    assert epochs[0] != epochs[1]
+    assert len(set().union(*epochs)) > 0.9 * (len(peers) - 1)  # 40 epochs of ~16: nearly every peer met
+    measured_per_epoch = [sum(me < peer for peer in picks) for picks in epochs]  # only the smaller id probes
+    assert max(measured_per_epoch) <= K
