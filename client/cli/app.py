@@ -75,6 +75,9 @@ def join(
                                                             )] = None,
     ttl: Annotated[float, typer.Option(help="Seconds the peer record lives without a heartbeat.")] = 60.0,
     probe_bytes: Annotated[int, typer.Option(help="Most bytes streamed to a peer to measure bandwidth.")] = 8 * 2**20,
+    max_links: Annotated[int, typer.Option(help="Most links this peer measures and publishes: the plan's, its "
+                                                "site's, then a rotating sample (all of them up to this many "
+                                                "other peers).")] = VolunteerConfig().max_links,
     coordinator: CoordinatorOpt = None,
     data: Annotated[Optional[Path], typer.Option(help="With --coordinator: text file or folder to train on, or "
                                                       "a folder of `hetswarm data prepare` (default: a built-in "
@@ -110,7 +113,7 @@ def join(
     node_config = NodeConfig(swarm=swarm, initial_peers=tuple(initial_peers), host_maddrs=tuple(host_maddrs),
                              announce_maddrs=tuple(announce_maddrs), identity_path=identity_path)
     volunteer_config = VolunteerConfig(ttl_s=ttl, view_interval_s=min(5.0, ttl / 4), public_name=public_name,
-                                       site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes),
+                                       site=site, probe=ProbeConfig(max_payload_bytes=probe_bytes), max_links=max_links,
                                        coordinator=check_coordinator_id(coordinator) if coordinator else None,
                                        join_token=join_token.strip() if join_token else None)
     emulation = processes.Emulation(scenario=emulate, site=site, bandwidth_scale=bandwidth_scale) if emulate else None
