@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hivemind
+from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
@@ -46,6 +47,7 @@ from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import Proposal
 from hetswarm.coordinator.recovery import recover, take_over
 from hetswarm.coordinator.refusals_board import RefusalsBoard
+from hetswarm.coordinator.remembered_peers import RememberedPeers
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.run_state import CoordinatorState, StateFile, highest_followed_version, load_state, start_step
@@ -150,7 +152,8 @@ class Broadcaster:
         self._published_at = -math.inf
         self.state_file = StateFile(config.state_path, state)
         self._peers: dict[str, PeerRecord] = {}
-        """The peers' records of the last read."""
+        """The peers' records in view at the last read, screened."""
+        self.remembered = RememberedPeers()
         self.screening = Screening(admission or Admission(swarm=config.swarm), self.ledger,
                                    n_layers=replanner.config.model.n_layers)
         self.refusals = RefusalsBoard(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
@@ -312,9 +315,12 @@ class Broadcaster:
             self._published_at = -math.inf
 
     async def _read(self, field: str, *, prefer: Collection[str] = ()) -> dict | None:
-        """The swarm's records under one key; None (not an empty swarm) when the read timed out."""
+        """The swarm's records under one key, the peers' as remembered (coordinator/remembered_peers.py); None (not
+        an empty swarm) when the read timed out."""
         try:
-            return await self.records.read(field, prefer=prefer)
+            if field != PEERS_FIELD:
+                return await self.records.read(field, prefer=prefer)
+            return self.remembered.merge(await self.records.read_expiring(field, prefer=prefer), get_dht_time())
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None

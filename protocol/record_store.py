@@ -102,6 +102,11 @@ class SwarmRecords:
     async def read(self, field: str, *, prefer: Collection[PeerId] = ()) -> dict[PeerId, pydantic.BaseModel]:
         """Valid records under one of the swarm's keys, by signer (class docstring); TimeoutError past the
         deadline."""
+        return {owner: record for owner, (record, _) in (await self.read_expiring(field, prefer=prefer)).items()}
+
+    async def read_expiring(self, field: str, *, prefer: Collection[PeerId] = ()
+                            ) -> dict[PeerId, tuple[pydantic.BaseModel, float]]:
+        """As `read`, each record with the DHT time at which it expires unless its owner refreshes it."""
         schema = SCHEMAS[field]
         async with asyncio.timeout(self.timeout_s):
             found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True)
@@ -118,7 +123,7 @@ class SwarmRecords:
         records = {}
         for owner, item in signed:
             try:
-                records[owner] = schema.parse_obj(item.value)
+                records[owner] = (schema.parse_obj(item.value), item.expiration_time)
             except (pydantic.ValidationError, TypeError) as e:  # TypeError: a list of pairs with odd keys
                 logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
         return records
