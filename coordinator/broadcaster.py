@@ -320,7 +320,8 @@ class Broadcaster:
         try:
             if field != PEERS_FIELD:
                 return await self.records.read(field, prefer=prefer)
-            return self.remembered.merge(await self.records.read_expiring(field, prefer=prefer), get_dht_time())
+            read = await self.records.read_expiring(field, prefer=prefer)
+            return self.remembered.merge(read, get_dht_time(), prefer=prefer)
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None

@@ -9,8 +9,9 @@ planning skips like any state that does not train), or until the plan's members 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
+from hetswarm.protocol.limits import MAX_RECORDS_PER_KEY
 from hetswarm.protocol.records import PeerRecord
 
 __all__ = ["RememberedPeers"]
@@ -19,16 +20,24 @@ __all__ = ["RememberedPeers"]
 class RememberedPeers:
     """Every peer record read and not yet expired, the newest of each peer."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_RECORDS_PER_KEY) -> None:
+        """`limit`: the most records kept, as a read keeps them (protocol/record_store.py: the preferred peers', then
+        the most recently dated, a date ahead of `now` counting as now), so that reads of different nodes do not
+        add up to a flood."""
+        self.limit = limit
         self._records: dict[str, tuple[PeerRecord, float]] = {}
         """Peer → (its newest record, the DHT time it expires)."""
 
-    def merge(self, read: Mapping[str, tuple[PeerRecord, float]], now: float) -> dict[str, PeerRecord]:
+    def merge(self, read: Mapping[str, tuple[PeerRecord, float]], now: float, *, prefer: Collection[str] = ()
+              ) -> dict[str, PeerRecord]:
         """The view after `read` (records with their expiry, as SwarmRecords.read_expiring gives them) at DHT time
-        `now`: what it brought, and what earlier reads brought that has not expired."""
+        `now`: what it brought, and what earlier reads brought that has not expired; past the limit, the records
+        of the `prefer`red peers (the plan's) first."""
         for peer, (record, expires) in read.items():
             known = self._records.get(peer)
             if known is None or record.updated_at >= known[0].updated_at:
                 self._records[peer] = (record, expires)
-        self._records = {peer: kept for peer, kept in self._records.items() if kept[1] > now}
+        live = sorted(((peer, kept) for peer, kept in self._records.items() if kept[1] > now),
+                      key=lambda item: (item[0] in prefer, min(item[1][0].updated_at, now)), reverse=True)
+        self._records = dict(live[:self.limit])
         return {peer: record for peer, (record, _) in self._records.items()}

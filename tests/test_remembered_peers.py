@@ -49,3 +49,15 @@ def test_the_plan_survives_a_partial_read_and_loses_a_peer_only_when_its_record_
     assert planner.decide(memory.merge(read(records, at=66.0, only=PEERS[:3]), now=66.0), now=66.0) is None
     proposal, reason = planner.decide(memory.merge(read(records, at=71.0, only=PEERS[:3]), now=71.0), now=71.0)
     assert reason.startswith("membership changed: 0 joined [], 1 left") and gone not in proposal.peers
+
+
+def test_reads_of_different_nodes_do_not_add_up_past_the_limit_the_plans_and_the_freshest_stay():
+    records = measured_records(IDS[:6])
+    memory = RememberedPeers(limit=4)
+    memory.merge(read(records, at=1.0, only=IDS[:3]), now=1.0)
+    view = memory.merge(read(records, at=2.0, only=IDS[3:]), now=2.0)
+    assert len(view) == 4 and set(IDS[3:6]) < set(view)  # the three dated 2 s, and one of those dated 1 s
+    memory = RememberedPeers(limit=4)
+    memory.merge(read(records, at=1.0, only=IDS[:3]), now=1.0)
+    view = memory.merge(read(records, at=2.0, only=IDS[3:]), now=2.0, prefer=IDS[1:3])  # the plan's members first
+    assert len(view) == 4 and set(IDS[1:3]) < set(view) and IDS[0] not in view
