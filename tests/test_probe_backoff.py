@@ -229,7 +229,8 @@ def test_past_its_budget_each_volunteer_measures_its_share_and_no_pair_twice(tmp
         for name in names[1:]:
             dhts.append(start_dht(config, ids[name]))
             nodes[name] = (config, dhts[-1], ids[name])
-        volunteers = asyncio.run(run_volunteers(nodes, 8.0, replace(CONFIG, max_links=2)))
+        budget = replace(CONFIG, max_links=2, reprobe_s=1e6)  # one epoch for the whole run
+        volunteers = asyncio.run(run_volunteers(nodes, 8.0, budget))
         records = {v.node.peer_id: v.record().copy(update={"state": "ready"})  # as they were before they stopped
                    for v in volunteers.values()}
     finally:
@@ -237,7 +238,8 @@ def test_past_its_budget_each_volunteer_measures_its_share_and_no_pair_twice(tmp
             dht.shutdown()
 
     for me, record in records.items():
-        assert len(record.links) <= 2 and sum(volunteers_probes(volunteers, me).values()) <= 2, record.links
+        assert len(record.links) <= 2 and len(volunteers_probes(volunteers, me)) <= 2, record.links  # also while
+        # the view grew, which shifts the chosen links
         assert all(me < other for other in record.links)  # the smaller id measures
     measured = {frozenset((me, other)) for me, record in records.items() for other in record.links}
     assert 0 < len(measured) < 10, measured  # fewer than all ten pairs, and never one measured from both ends

@@ -95,7 +95,8 @@ def test_pp_auto_also_chooses_the_stages_and_fewer_carry_less_over_slow_regional
     """On mixed-regional every 8-stage pipeline waits on its hops inside a region (2 Gbit/s); fewer stages carry
     fewer activations. The shape chosen is the fastest tried, and every stage count is tried or said untried."""
     result = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--dp", "auto", "--pp", "auto", "--json",
-                                 "--no-baselines", "--time-budget", "2"])
+                                 "--no-baselines", "--time-budget", "4"])  # shared by the shapes: 2 s fell short
+    # of the best shape on a loaded 2-core machine (4.56 s/step found against 3.89 s alone)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     chosen, eight_by_eight = report["chosen_shape"], report["objectives"]["live"]

@@ -46,6 +46,11 @@ class LinkProber:
         """time.monotonic() before which a peer that failed its last probe is not probed again."""
         self.probe_attempts: collections.Counter[str] = collections.Counter()
         """Probes started, per peer: for logs and tests."""
+        self._epoch = -1
+        """The sample's epoch (client/peer/measurement_policy.py) that `_probed` counts."""
+        self._probed: set[str] = set()
+        """The peers in view probed in that epoch: at most `max_links`, also while the view grows (a joining
+        peer's chosen links shift as it sees more peers)."""
 
     @property
     def namespace(self) -> str:
@@ -72,14 +77,19 @@ class LinkProber:
         self.links = {p: m for p, m in self.links.items() if p in in_view}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}
         self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
+        self._probed &= in_view
         return bool(measured)
 
     def _mine(self, peers: Mapping[str, PeerRecord]) -> list[str]:
         """The peers whose link to us we measure: those of the chosen links with a larger id (module docstring)."""
         me, epoch = self.node.peer_id, int(get_dht_time() // self.config.reprobe_s)
+        if epoch != self._epoch:
+            self._epoch, self._probed = epoch, set()
         chosen = links_to_measure(me, peers, site=self.config.site, partners=self.partners(),
                                   budget=self.config.max_links, epoch=epoch)
-        return [p for p in chosen if p > me]
+        mine = [p for p in chosen if p > me]
+        room = max(self.config.max_links - len(self._probed), 0)
+        return [p for p in mine if p in self._probed] + [p for p in mine if p not in self._probed][:room]
 
     def _wait_before_probe(self, peer: str) -> float:
         """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""
@@ -93,6 +103,7 @@ class LinkProber:
     async def _probe_one(self, peer: str) -> bool:
         """One probe of one peer: True with a new measurement; a failure sets the peer's next try (backoff)."""
         self.probe_attempts[peer] += 1
+        self._probed.add(peer)
         try:
             link = await measure_link(self.node.p2p, PeerID.from_base58(peer), namespace=self.namespace,
                                       config=self.config.probe)
