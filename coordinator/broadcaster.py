@@ -266,7 +266,8 @@ class Broadcaster:
         self.state_file.save(self.state, force=True)
         d_pp, d_dp = proposal.plan.grid.shape
         logger.info(f"Publishing v{version}: {d_dp} pipelines × {d_pp} stages from step {step}, "
-                    f"{len(proposal.standbys)} standby, predicted {proposal.live.total_s:.3f} s/step ({reason})")
+                    f"{len(proposal.standbys)} standby, predicted {proposal.live.total_s:.3f} s/step ({reason})"
+                    + proposal.view.estimate_note())
         await self._publish()
         if self.config.save_plan is not None:
             write_json(self.config.save_plan, proposal.to_dict() | {

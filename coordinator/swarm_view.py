@@ -4,8 +4,9 @@ Each pair of volunteers is measured by one of the two (client/peer/link_prober.p
 matrices are symmetric by construction; when both sides measured, the two figures are averaged. A pair nobody
 measured yet is estimated, never left at zero or infinity, and flagged with how it was estimated, in this order:
 
- * `site`:    the median of measured links between the same two sites (emulated or declared sites);
- * `peers`:   the two peers' other measured links: the larger median latency, the smaller median bandwidth;
+ * `model`:   both peers measured some link: the models of coordinator/link_estimate.py (network coordinates for
+              latency, access and site capacities for bandwidth), priced worse by their error on held-out links;
+ * `peers`:   one of the two measured some link: its medians (the larger latency, the smaller bandwidth);
  * `swarm`:   the median of every measured link;
  * `default`: nothing measured at all (DEFAULT_LATENCY_MS, DEFAULT_BANDWIDTH_MBPS).
 """
@@ -18,6 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from hetswarm.coordinator.link_estimate import (
+    EstimateError,
+    conservative,
+    describe_error,
+    fit_links,
+    held_out_error,
+)
 from hetswarm.protocol.network import InvalidNetwork, Network, load_scenario
 from hetswarm.protocol.records import PeerRecord
 from hetswarm.protocol.units import MBPS_PER_GBPS
@@ -44,6 +52,8 @@ class SwarmView:
     """(N,) device memory."""
     estimated: dict[tuple[int, int], str]
     """(i, j) with i < j → how that unmeasured link was estimated (module docstring)."""
+    estimate_error: EstimateError | None = None
+    """The `model` estimates' error on measured links held out of the fit; None when it could not be judged."""
 
     @property
     def n_peers(self) -> int:
@@ -59,7 +69,14 @@ class SwarmView:
         estimated = {tuple(sorted((position[i], position[j]))): how
                      for (i, j), how in self.estimated.items() if i in position and j in position}
         return SwarmView(peer_ids=tuple(peer_ids), names=tuple(self.names[i] for i in index), network=network,
-                         tflops=self.tflops[index], memory_gib=self.memory_gib[index], estimated=estimated)
+                         tflops=self.tflops[index], memory_gib=self.memory_gib[index], estimated=estimated,
+                         estimate_error=self.estimate_error)
+
+    def estimate_note(self) -> str:
+        """For logs: nothing when every link was measured, else how many were estimated and with what error."""
+        if not self.estimated:
+            return ""
+        return f"; priced on {len(self.estimated)} estimated links, {describe_error(self.estimate_error)}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON in the scenario format, so `hetswarm schedule --scenario FILE` plans the same matrices."""
@@ -95,13 +112,14 @@ def build_view(records: dict[str, PeerRecord], *, name: str = "swarm") -> SwarmV
                 latency[i, j] = latency[j, i] = float(np.mean([m.latency_ms for m in links]))
                 bandwidth[i, j] = bandwidth[j, i] = float(np.mean([m.bandwidth_mbps for m in links]))
                 measured[i, j] = measured[j, i] = True
-    estimated = _estimate_missing(latency, bandwidth, measured, sites)
+    estimated, error = _estimate_missing(latency, bandwidth, measured, tuple(sites), tuple(peers))
     network = Network(latency_ms=latency, bandwidth_gbps=bandwidth / MBPS_PER_GBPS, sites=tuple(sites),
                       name=name)
     return SwarmView(
         peer_ids=tuple(peers), names=tuple(records[p].public_name for p in peers), network=network,
         tflops=np.array([records[p].hardware.tflops for p in peers]),
         memory_gib=np.array([records[p].hardware.memory_gib for p in peers]), estimated=estimated,
+        estimate_error=error,
     )
 
 
@@ -110,36 +128,38 @@ def trainable_peers(records: dict[str, PeerRecord]) -> list[str]:
     return sorted(p for p, r in records.items() if r.state in TRAINABLE_STATES and r.hardware.tflops > 0)
 
 
-def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.ndarray,
-                      sites: list[str]) -> dict[tuple[int, int], str]:
-    """Fills the unmeasured pairs in place from measured ones only, and says how each was filled."""
-    n = len(sites)
+def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.ndarray, sites: tuple[str, ...],
+                      peers: tuple[str, ...]) -> tuple[dict[tuple[int, int], str], EstimateError | None]:
+    """Fills the unmeasured pairs in place from measured ones only; says how each was filled, and the error of the
+    `model` estimates."""
     upper = np.triu(measured, 1)
-    by_sites: dict[frozenset, list[tuple[int, int]]] = {}
-    for i, j in np.argwhere(upper):
-        by_sites.setdefault(frozenset((sites[i], sites[j])), []).append((i, j))
-    estimated = {}
-    for i in range(n):
-        for j in range(i + 1, n):
-            if measured[i, j]:
-                continue
-            same_sites = by_sites.get(frozenset((sites[i], sites[j])), [])
-            own = measured[i] | measured[j]
-            if same_sites:
-                rows, cols = zip(*same_sites)
-                lat, bw, how = np.median(latency[rows, cols]), np.median(bandwidth[rows, cols]), "site"
-            elif own.any():
-                lat = max(np.median(latency[k, measured[k]]) for k in (i, j) if measured[k].any())
-                bw = min(np.median(bandwidth[k, measured[k]]) for k in (i, j) if measured[k].any())
-                how = "peers"
-            elif upper.any():
-                lat, bw, how = np.median(latency[upper]), np.median(bandwidth[upper]), "swarm"
-            else:
-                lat, bw, how = DEFAULT_LATENCY_MS, DEFAULT_BANDWIDTH_MBPS, "default"
-            latency[i, j] = latency[j, i] = lat
-            bandwidth[i, j] = bandwidth[j, i] = bw
-            estimated[i, j] = how
-    return estimated
+    unmeasured = np.triu(~measured, 1)
+    if not unmeasured.any():
+        return {}, None
+    has_links = measured.any(axis=1)
+    modelled = unmeasured & has_links[:, None] & has_links[None, :]
+    estimated, error = {}, None
+    if modelled.any():
+        error = held_out_error(latency, bandwidth, measured, sites, peers)
+        model = fit_links(latency, bandwidth, measured, sites)
+        rows, cols = np.nonzero(modelled)
+        lat, bw = conservative(model.latency_ms(rows, cols), model.bandwidth_mbps(rows, cols), error)
+        latency[rows, cols] = latency[cols, rows] = lat
+        bandwidth[rows, cols] = bandwidth[cols, rows] = bw
+        estimated = {(int(i), int(j)): "model" for i, j in zip(rows, cols)}
+    for i, j in zip(*np.nonzero(unmeasured & ~modelled)):
+        if has_links[i] or has_links[j]:
+            lat = max(np.median(latency[k, measured[k]]) for k in (i, j) if has_links[k])
+            bw = min(np.median(bandwidth[k, measured[k]]) for k in (i, j) if has_links[k])
+            how = "peers"
+        elif upper.any():
+            lat, bw, how = np.median(latency[upper]), np.median(bandwidth[upper]), "swarm"
+        else:
+            lat, bw, how = DEFAULT_LATENCY_MS, DEFAULT_BANDWIDTH_MBPS, "default"
+        latency[i, j] = latency[j, i] = lat
+        bandwidth[i, j] = bandwidth[j, i] = bw
+        estimated[int(i), int(j)] = how
+    return dict(sorted(estimated.items())), error
 
 
 def load_hardware(scenario: str | Path) -> tuple[np.ndarray, np.ndarray] | None:

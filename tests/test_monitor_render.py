@@ -5,10 +5,11 @@ from rich.console import Console
 
 from hetswarm.client.monitor.render import render, training_state_line
 from hetswarm.client.monitor.snapshot import SwarmSnapshot
+from hetswarm.coordinator.link_estimate import describe_error
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.records import CheckpointInfo, CheckpointPlan, Handoff, PeerRecord, Progress, Refusals
 from hetswarm.protocol.wire_format import WireFormat
-from tests.helpers.swarm_records import IDS, record
+from tests.helpers.swarm_records import IDS, link, record
 from tests.helpers.tiny_training import assignment_for
 
 PEER = "QmYmMBM4vh9eoAh1EwnRNM9EpFJBgvXviz4LGTDycLc9cT"
@@ -167,3 +168,15 @@ def test_an_unpinned_monitor_says_whose_plan_it_shows_and_a_pinned_one_does_not(
     assert f"the newest of 2 signers' plans, signed by {IDS[8]}" in unpinned and "--coordinator" in unpinned
     pinned = printed(snap.to_json(coordinator=IDS[9]))
     assert "assignment v3" in pinned and "signers' plans" not in pinned
+
+
+def test_estimated_links_are_marked_and_their_error_stated():
+    """Three peers, two links measured: the third pair is estimated, and the error is stated as unknown."""
+    a, b, c = IDS[:3]
+    records = {a: record(a, links={b: link(10, 100), c: link(30, 50)}), b: record(b), c: record(c)}
+    json_snapshot = SwarmSnapshot(swarm="s", peers=records, assignments={}, progress={}, read_at=0.0).to_json(None)
+    assert [(e["src"], e["dst"], e["method"]) for e in json_snapshot["estimated_links"]] == [(b, c, "model")]
+    assert json_snapshot["estimate_error"] == describe_error(None)
+    text = printed(json_snapshot)
+    assert "2 of 3 pairs measured; ~ estimated, error unknown" in " ".join(text.split())  # the title wraps
+    assert f"~{json_snapshot['estimated_links'][0]['latency_ms']:.0f} /" in text

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from hetswarm.coordinator.link_estimate import UNVALIDATED_ERROR
 from hetswarm.coordinator.swarm_view import DEFAULT_LATENCY_MS, build_view, load_hardware
 from hetswarm.protocol.network import load_network
 from tests.helpers.swarm_records import IDS, link, record
@@ -22,21 +23,28 @@ def test_measured_links_are_symmetric_averaged_and_in_gbits():
     assert (0, 1) not in view.estimated and (1, 2) not in view.estimated
 
 
-def test_a_pair_between_measured_sites_takes_their_median():
+def test_a_pair_of_measured_peers_takes_the_models_estimate_priced_by_the_unknown_error():
     a, b, c, d = IDS[:4]
     records = {a: record(a, site="Oregon", links={c: link(100, 40)}), b: record(b, site="Oregon"),
-               c: record(c, site="Tokyo"), d: record(d, site="Tokyo", links={a: link(120, 60)})}
+               c: record(c, site="Tokyo"), d: record(d, site="Tokyo", links={b: link(120, 60)})}
     view = build_view(records)
-    i, j = view.peer_ids.index(b), view.peer_ids.index(d)
-    assert view.estimated[i, j] == "site"
-    assert view.network.latency_ms[i, j] == 110 and view.network.bandwidth_gbps[i, j] == pytest.approx(0.05)
+    assert set(view.estimated.values()) == {"model"} and len(view.estimated) == 4
+    assert view.estimate_error is None  # two measured links: nothing to hold out
+    index = {peer: view.peer_ids.index(peer) for peer in records}
+    # Bandwidth: the narrowest of a's best (40), d's best (60) and the Oregon–Tokyo path's best (60), priced down.
+    assert view.network.bandwidth_gbps[index[a], index[d]] * 1000 == pytest.approx(40 / (1 + UNVALIDATED_ERROR))
+    # Within Oregon no path was measured: only the access links bound it.
+    assert view.network.bandwidth_gbps[index[a], index[b]] * 1000 == pytest.approx(40 / (1 + UNVALIDATED_ERROR))
+    assert (view.network.latency_ms[~np.eye(4, dtype=bool)] > 0).all()
 
 
-def test_without_sites_a_pair_takes_the_worse_of_its_peers_medians():
-    a, b, c = IDS[:3]
-    view = build_view({a: record(a, links={b: link(10, 100)}), b: record(b), c: record(c, links={b: link(50, 20)})})
-    assert view.estimated == {(0, 2): "peers"}
-    assert view.network.latency_ms[0, 2] == 50 and view.network.bandwidth_gbps[0, 2] == pytest.approx(0.02)
+def test_a_pair_with_one_unmeasured_peer_takes_the_other_peers_medians():
+    a, b, c, d = IDS[:4]
+    view = build_view({a: record(a, links={b: link(10, 100), c: link(50, 20)}), b: record(b), c: record(c),
+                       d: record(d)})
+    assert view.estimated == {(1, 2): "model", (0, 3): "peers", (1, 3): "peers", (2, 3): "peers"}
+    assert view.network.latency_ms[0, 3] == 30 and view.network.bandwidth_gbps[0, 3] == pytest.approx(0.06)
+    assert view.network.latency_ms[1, 3] == 10 and view.network.bandwidth_gbps[1, 3] == pytest.approx(0.1)
 
 
 def test_a_pair_of_unmeasured_peers_gets_the_swarm_median_and_nothing_is_zero_or_infinite():
@@ -73,4 +81,4 @@ def test_saved_view_is_a_scenario_the_scheduler_loads(tmp_path):
     assert network.sites == ("X", "Y", "X")
     tflops, memory = load_hardware(path)
     assert tflops.tolist() == [1.0] * 3 and memory.tolist() == [4.0] * 3
-    assert json.loads(path.read_text())["estimated_links"][0]["method"] in ("site", "peers")
+    assert json.loads(path.read_text())["estimated_links"][0]["method"] in ("model", "peers")

@@ -48,8 +48,9 @@ def links_table(snapshot: dict[str, Any]) -> Table:
     measured = {(link["src"], link["dst"]): link for link in snapshot["links"]}
     counts = snapshot["counts"]
     estimated = {frozenset((link["src"], link["dst"])): link for link in snapshot.get("estimated_links", [])}
+    error = snapshot.get("estimate_error")
     table = Table(title=f"links, ms / Mbit/s ({counts['pairs_measured']} of {counts['pairs']} pairs measured; "
-                        "~ estimated)")
+                        f"~ estimated{f', {error}' if error else ''})")
     table.add_column("from \\ to")
     for peer in ids:
         table.add_column(short_id(peer), justify="right")

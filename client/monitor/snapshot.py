@@ -18,6 +18,7 @@ from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.assignment_follower import reason_to_refuse
 from hetswarm.client.peer.held_out import swarm_held_out
+from hetswarm.coordinator.link_estimate import describe_error
 from hetswarm.coordinator.state_plan import newest_complete_checkpoint
 from hetswarm.coordinator.swarm_view import build_view, trainable_peers
 from hetswarm.protocol.keys import short_id
@@ -107,6 +108,7 @@ def _as_json(snapshot: SwarmSnapshot, coordinator: PeerId | None) -> dict[str, A
              "latency_ms": float(view.network.latency_ms[i, j]),
              "bandwidth_mbps": float(view.network.bandwidth_gbps[i, j]) * MBPS_PER_GBPS}
             for (i, j), how in sorted(view.estimated.items())],
+        "estimate_error": None if view is None or not view.estimated else describe_error(view.estimate_error),
         "assignments": {signer: a.dict() for signer, a in snapshot.assignments.items()},
         "pinned_coordinator": coordinator,
         "assignment": _current_assignment(assignment, records, progress),

@@ -169,7 +169,8 @@ function renderHeatmap(state) {
                                     `${bottleneck.dst.peer_id} ${bottleneck.src.peer_id}`]) : new Set();
   document.getElementById("links-note").textContent =
     `${label} from each row's peer to each column's peer, ${unit}; ${counts.pairs_measured} of ${counts.pairs} ` +
-    "pairs measured; hatched ~ values are estimated; red outline: the plan's bottleneck link";
+    `pairs measured; hatched ~ values are estimated${state.estimate_error ? ` (${state.estimate_error})` : ""}; ` +
+    "red outline: the plan's bottleneck link";
   box.dataset.peerCount = peers.length;
   if (peers.length === 0) {
     box.replaceChildren(el("p", {class: "muted"}, "no peers yet"));
