@@ -1,4 +1,4 @@
-"""What sparse link measurement costs and covers (client/peer/measurement_policy.py), against measuring every pair.
+"""What sparse link measurement costs and covers (protocol/measurement_policy.py), against measuring every pair.
 
 A synthetic swarm of `--peers` peers spread over eight sites, the first 16 placed in a 4 × 4 plan (each stage's
 four replicas a group, each pipeline a chain); every peer applies the policy with the default budget for
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for the hetswarm package
 from results import command_line, write_section  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-from hetswarm.client.peer.measurement_policy import links_to_measure  # noqa: E402
 from hetswarm.client.peer.volunteer import VolunteerConfig  # noqa: E402
+from hetswarm.protocol.measurement_policy import links_to_measure  # noqa: E402
 
 SITES = 8
 PLAN = 4

@@ -3,6 +3,7 @@
  * scheduling/     - the cost models, the exact inner solvers, the search and its baselines: pure, no hivemind,
                      torch or pydantic (tests/test_import_doors.py), so a researcher plans on a laptop
  * swarm_view.py   - SwarmView: peer records → matrices, unmeasured links estimated and flagged
+ * link_estimate.py - the estimates' models (network coordinates, access and site capacities), their held-out error
  * planner.py      - proposals: shape choice, placement, live price
  * replanner.py    - Replanner: when a proposal becomes a published plan (debounce, hysteresis, sticky roles, adopt)
  * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
@@ -19,6 +20,9 @@
  * recovery.py     - a restarted coordinator: versions above the swarm's, the plan in force taken over
  * state_sourcing.py - where each new plan's state comes from, and what that needs remembered across plans
  * refusals_board.py - the Refusals record: peers not planned or priced by what they do, with the reasons
+ * plan_in_force.py - the one plan in force: its signed assignment, this run's pricing, where it came from
+ * remembered_peers.py - peers kept in view until their records expire, so one partial read removes nobody
+ * screening.py    - each round's admission, claims and ledger checks of the peers in view
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)
 """

@@ -1,6 +1,6 @@
 """Estimates of the links nobody measured, from those measured, with an error figure validated on held-out pairs.
 
-Past the measurement budget (client/peer/measurement_policy.py) most pairs of a large swarm are never measured, so
+Past the measurement budget (protocol/measurement_policy.py) most pairs of a large swarm are never measured, so
 the scheduler plans over estimates. Two models, each with few parameters per peer, so that ~k measurements per peer
 determine them:
 
@@ -11,8 +11,11 @@ determine them:
   holds them all, so it fits the same model by least squares on the relative error (L-BFGS-B, scipy).
 * **Bandwidth: the narrowest of three pipes.** A transfer is held to the sender's and the receiver's access capacity
   and to what the path between their two sites carries: `min(c_i, c_j, s(site_i, site_j))`. Each peer's capacity is
-  the most it achieved on any measured link, each site pair's the most any of its measured links achieved (a site
-  pair nobody measured sets no bound): lower bounds, so the estimate errs low, the safe side for a plan.
+  the most it achieved on any measured link, each site pair's the most any of its measured links achieved: lower
+  bounds, so the estimate errs low, the safe side for a plan. A pair of sites nobody measured is bounded by the
+  narrowest measured path out of either site (a path is not assumed wide because nobody looked: the search would
+  seek out exactly such links, as it did in benchmarks/scale_sim.py before this bound); within a site nobody
+  measured, only the access links bound it.
 
 The error figure is honest in the usual way: every fifth measured pair (by a hash of the pair, so the same pairs
 every time) is held out, the models are fitted on the rest and judged on the held-out pairs (median relative
@@ -38,6 +41,9 @@ MIN_HELD_OUT = 4
 """Fewer held-out pairs than this say nothing of the error: the error is then unknown."""
 UNVALIDATED_ERROR = 0.5
 """The error assumed when it could not be validated (too few measured pairs to hold some out)."""
+MAX_ITERATIONS = 500
+"""Of the coordinate fit: at 1,000 peers the error on unmeasured pairs is the same at 250, 500 and 2,000
+(benchmarks/scale_sim.py), while 2,000 took 4 s."""
 MIN_LATENCY_MS = 1.0
 """A floor under measured latencies in the relative error, so loopback's 0.1 ms does not outweigh everything."""
 
@@ -72,6 +78,8 @@ class LinkModel:
     """(N,) the most each peer achieved on a measured link; NaN for a peer without one."""
     site_capacity_mbps: dict[frozenset[str], float]
     """The most any measured link between two sites (or within one) achieved."""
+    narrowest_path_mbps: dict[str, float]
+    """Per site, the least of its measured paths to other sites: the bound of a path out of it nobody measured."""
     sites: tuple[str, ...]
 
     def latency_ms(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -79,9 +87,16 @@ class LinkModel:
         return distance + self.heights_ms[rows] + self.heights_ms[cols]
 
     def bandwidth_mbps(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        sites = np.array([self.site_capacity_mbps.get(frozenset((self.sites[i], self.sites[j])), np.inf)
-                          for i, j in zip(rows, cols)])
-        return np.fmin(np.fmin(self.capacity_mbps[rows], self.capacity_mbps[cols]), sites)
+        paths = np.array([self._path_mbps(self.sites[i], self.sites[j]) for i, j in zip(rows, cols)])
+        return np.fmin(np.fmin(self.capacity_mbps[rows], self.capacity_mbps[cols]), paths)
+
+    def _path_mbps(self, a: str, b: str) -> float:
+        measured = self.site_capacity_mbps.get(frozenset((a, b)))
+        if measured is not None:
+            return measured
+        if a == b:
+            return np.inf
+        return min(self.narrowest_path_mbps.get(a, np.inf), self.narrowest_path_mbps.get(b, np.inf))
 
 
 def fit_links(latency_ms: np.ndarray, bandwidth_mbps: np.ndarray, measured: np.ndarray, sites: tuple[str, ...],
@@ -96,8 +111,12 @@ def fit_links(latency_ms: np.ndarray, bandwidth_mbps: np.ndarray, measured: np.n
         capacity[i], capacity[j] = np.fmax(capacity[i], bandwidth), np.fmax(capacity[j], bandwidth)
         pair = frozenset((sites[i], sites[j]))
         site_capacity[pair] = max(site_capacity.get(pair, 0.0), float(bandwidth))
+    narrowest: dict[str, float] = {}
+    for pair, bandwidth in site_capacity.items():
+        for site in pair if len(pair) == 2 else ():
+            narrowest[site] = min(narrowest.get(site, np.inf), bandwidth)
     return LinkModel(coordinates=coordinates, heights_ms=heights, capacity_mbps=capacity,
-                     site_capacity_mbps=site_capacity, sites=sites)
+                     site_capacity_mbps=site_capacity, narrowest_path_mbps=narrowest, sites=sites)
 
 
 def held_out_error(latency_ms: np.ndarray, bandwidth_mbps: np.ndarray, measured: np.ndarray,
@@ -144,15 +163,14 @@ def _fit_coordinates(n: int, rows: np.ndarray, cols: np.ndarray, latency_ms: np.
         residual = (distance + heights[rows] + heights[cols] - target) / target
         weight = 2 * residual / target
         toward = apart * (weight / distance)[:, None]
-        grad_points = np.zeros_like(points)
-        np.add.at(grad_points, rows, toward)
-        np.add.at(grad_points, cols, -toward)
+        grad_points = np.stack([np.bincount(rows, toward[:, d], n) - np.bincount(cols, toward[:, d], n)
+                                for d in range(DIMENSIONS)], axis=1)
         grad_heights = np.bincount(rows, weight, n) + np.bincount(cols, weight, n)
         return float((residual ** 2).sum()), np.concatenate([grad_points.ravel(), grad_heights])
 
     bounds = [(None, None)] * (n * DIMENSIONS) + [(0.0, None)] * n
     result = scipy.optimize.minimize(loss, start, jac=True, method="L-BFGS-B", bounds=bounds,
-                                     options={"maxiter": 2000})
+                                     options={"maxiter": MAX_ITERATIONS})
     return result.x[:n * DIMENSIONS].reshape(n, DIMENSIONS), result.x[n * DIMENSIONS:]
 
 

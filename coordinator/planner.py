@@ -76,7 +76,8 @@ class PlannerConfig:
     debounce_s: float = 5.0
     """Membership must stay unchanged this long before a new version is published."""
     measure_wait_s: float = 60.0
-    """After a membership change, wait up to this long for every link between the peers to be measured."""
+    """After a membership change, wait up to this long for the peers' links to be measured: every pair in a swarm of
+    up to k+1 peers, the first round of sparse measurement in a larger one (protocol/measurement_policy.py)."""
     improvement: float = 0.1
     """On unchanged membership, a new plan must be predicted this fraction faster than the current one."""
     reconsider_s: float = 30.0

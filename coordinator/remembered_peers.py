@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from hetswarm.protocol.limits import MAX_RECORDS_PER_KEY
+from hetswarm.protocol.record_store import kept_first
 from hetswarm.protocol.records import PeerRecord
 
 __all__ = ["RememberedPeers"]
@@ -21,9 +22,8 @@ class RememberedPeers:
     """Every peer record read and not yet expired, the newest of each peer."""
 
     def __init__(self, limit: int = MAX_RECORDS_PER_KEY) -> None:
-        """`limit`: the most records kept, as a read keeps them (protocol/record_store.py: the preferred peers', then
-        the most recently dated, a date ahead of `now` counting as now), so that reads of different nodes do not
-        add up to a flood."""
+        """`limit`: the most records kept, ranked as a read ranks them (protocol/record_store.py: `kept_first`), so
+        that reads of different nodes do not add up to a flood."""
         self.limit = limit
         self._records: dict[str, tuple[PeerRecord, float]] = {}
         """Peer → (its newest record, the DHT time it expires)."""
@@ -38,6 +38,6 @@ class RememberedPeers:
             if known is None or record.updated_at >= known[0].updated_at:
                 self._records[peer] = (record, expires)
         live = sorted(((peer, kept) for peer, kept in self._records.items() if kept[1] > now),
-                      key=lambda item: (item[0] in prefer, min(item[1][0].updated_at, now)), reverse=True)
+                      key=lambda item: kept_first(item[0], item[1][0].updated_at, prefer=prefer, now=now), reverse=True)
         self._records = dict(live[:self.limit])
         return {peer: record for peer, (record, _) in self._records.items()}

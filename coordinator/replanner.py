@@ -33,6 +33,7 @@ from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.sticky import sticky_or_searched
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id, short_ids
+from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.records import Assignment, PeerRecord
 
 __all__ = ["Replanner"]
@@ -121,8 +122,8 @@ class Replanner:
         if now - self._changed_at < self.config.debounce_s or not members:
             return None
         view = build_view(records)
-        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
-            self._refuse(f"Waiting for {len(view.estimated)} links to be measured", logging.INFO)
+        if awaited := self._awaited_links(view, now):
+            self._refuse(f"Waiting for {awaited} links to be measured", logging.INFO)
             return None
         if current is None:
             reason = f"initial plan for {len(members)} peers"
@@ -130,6 +131,14 @@ class Replanner:
             joined, left = members - current.peers, current.peers - members
             reason = (f"membership changed: {len(joined)} joined {short_ids(joined)}, {len(left)} left {short_ids(left)}")
         return self._propose(view, reason, now, current)
+
+    def _awaited_links(self, view: SwarmView, now: float) -> int:
+        """How many more links the peers' first round of measurement should bring (protocol/measurement_policy.py:
+        every pair in a small swarm, ~k/2 a peer past k+1 peers), while the bounded wait after a change lasts."""
+        if now - self._changed_at >= self.config.measure_wait_s:
+            return 0
+        measured = view.n_peers * (view.n_peers - 1) // 2 - len(view.estimated)
+        return max(expected_links(view.n_peers) - measured, 0)
 
     def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float, basis: Basis
                  ) -> tuple[Proposal, str] | None:
@@ -157,7 +166,7 @@ class Replanner:
         if now - self._changed_at < self.config.debounce_s or not members:
             return None
         view = build_view(records)
-        if view.estimated and now - self._changed_at < self.config.measure_wait_s:
+        if self._awaited_links(view, now):
             return None
         joined, left = members - placed, placed - members
         reason = (f"membership changed since v{in_force.version}: {len(joined)} joined {short_ids(joined)}, "

@@ -55,6 +55,12 @@ def _dated(value: object, stamp: str) -> float:
     return float(date) if isinstance(date, (int, float)) else -math.inf
 
 
+def kept_first(peer: PeerId, dated: float, *, prefer: Collection[PeerId], now: float) -> tuple[bool, float]:
+    """The rank of a record where only so many are kept (SwarmRecords' docstring): the preferred peers' first, then
+    the most recently dated, a date ahead of `now` counting as now. Sort by it in reverse."""
+    return peer in prefer, min(dated, now)
+
+
 def encode_record(record: pydantic.BaseModel) -> dict:
     """The msgpack-ready value of a record, refused here with a clear error if it would be too large to store."""
     value = record.dict()
@@ -116,7 +122,8 @@ class SwarmRecords:
                   if isinstance(subkey, bytes) and (owner := owner_peer_id(subkey)) is not None]
         if len(signed) > self.max_records:
             now, stamp = get_dht_time(), TIMESTAMP_FIELDS[field]
-            signed.sort(key=lambda entry: (entry[0] in prefer, min(_dated(entry[1].value, stamp), now)), reverse=True)
+            signed.sort(key=lambda entry: kept_first(entry[0], _dated(entry[1].value, stamp), prefer=prefer, now=now),
+                        reverse=True)
             logger.warning(f"{len(signed)} {field!r} records in the DHT; reading the {self.max_records} of the "
                            f"preferred peers and the most recently dated, skipping {len(signed) - self.max_records}")
             signed = signed[:self.max_records]

@@ -106,3 +106,16 @@ def test_conservative_pricing_is_worse_by_the_validated_error():
     lat, bw = conservative(np.array([100.0]), np.array([600.0]), error)
     assert lat[0] == pytest.approx(110.0) and bw[0] == pytest.approx(500.0)
     assert "latency ±10%, bandwidth ±20%" in describe_error(error) and "unknown" in describe_error(None)
+
+
+def test_a_path_nobody_measured_is_bounded_by_the_narrowest_measured_path_of_its_sites():
+    """Sites X, Y, Z; X–Y carries 500, X–Z 100; nobody measured Y–Z or inside X. Peers' access links are wide."""
+    sites = ("X", "X", "Y", "Z")
+    bandwidth = np.zeros((4, 4))
+    measured = np.zeros((4, 4), dtype=bool)
+    for (i, j), figure in {(0, 2): 500.0, (1, 3): 100.0, (0, 3): 100.0, (1, 2): 500.0}.items():
+        bandwidth[i, j] = bandwidth[j, i] = figure
+        measured[i, j] = measured[j, i] = True
+    model = fit_links(np.where(measured, 20.0, 0.0), bandwidth, measured, sites)
+    assert model.bandwidth_mbps(np.array([2]), np.array([3]))[0] == 100.0  # Y–Z: Z's narrowest path
+    assert model.bandwidth_mbps(np.array([0]), np.array([1]))[0] == 500.0  # inside X: the access links (500, 500)

@@ -1,10 +1,10 @@
-"""Sparse link measurement (client/peer/measurement_policy.py): at most k links per peer, the plan's and the site's
+"""Sparse link measurement (protocol/measurement_policy.py): at most k links per peer, the plan's and the site's
 first, a rotating sample of the rest; both ends of a pair choose alike, so the smaller id alone measures it."""
 from __future__ import annotations
 
 import itertools
 
-from hetswarm.client.peer.measurement_policy import links_to_measure, pair_draw
+from hetswarm.protocol.measurement_policy import links_to_measure, pair_draw
 from tests.helpers.swarm_records import record
 
 K = 16

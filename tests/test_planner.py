@@ -1,6 +1,8 @@
 """When the coordinator publishes which plan: debounced membership changes, hysteresis on measurements, shapes."""
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -13,10 +15,11 @@ from hetswarm.coordinator.scheduling.live_objective import execution_options
 from hetswarm.coordinator.scheduling.scheduler import candidate_shapes, shapes_in_time, speed_tiers
 from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
+from hetswarm.protocol.measurement_policy import DEFAULT_MAX_LINKS, links_to_measure
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.wire_format import WireFormat
 from tests.helpers.plans import MODEL, SEARCH, Publishing, worldwide_records
-from tests.helpers.swarm_records import IDS, link
+from tests.helpers.swarm_records import IDS, link, record
 
 
 def replanner(**overrides) -> Publishing:
@@ -61,6 +64,43 @@ def test_a_membership_change_waits_a_bounded_time_for_the_new_links_to_be_measur
     proposal, reason = planner.decide(records, now=20.0)
     assert reason == "initial plan for 8 peers"
     assert list(proposal.view.estimated.values()) == ["peers"] * 7  # flagged, and priced from its other links
+
+
+BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def sparse_records(n: int, *, keep: float = 1.0) -> dict:
+    """n peers at four sites that measured what the measurement policy chose in its first epoch (the smaller id
+    of a pair probes it), of which the first `keep` share of each peer's probes."""
+    peers = [f"Qm{'1' * 40}{BASE58[i // 58]}{BASE58[i % 58]}" for i in range(n)]
+    sites = {peer: f"site{i % 4}" for i, peer in enumerate(peers)}
+    views = {peer: record(peer, site=site) for peer, site in sites.items()}
+    records = {}
+    for peer in peers:
+        probed = [other for other in links_to_measure(peer, views, site=sites[peer], partners=(),
+                                                      budget=DEFAULT_MAX_LINKS, epoch=0) if other > peer]
+        links = {other: link(20 if sites[other] == sites[peer] else 80, 400) for other in probed}
+        records[peer] = record(peer, site=sites[peer], links=dict(list(links.items())[:round(keep * len(links))]))
+    return records
+
+
+def test_past_the_budget_the_first_plan_waits_for_the_first_round_of_measurement_not_for_every_pair():
+    planner = replanner(min_peers=24, measure_wait_s=20.0)
+    records = sparse_records(24)
+    assert planner.decide(records, now=0.0) is None
+    decided = planner.decide(records, now=5.0)  # debounced; most pairs unmeasured, as the policy means them to be
+    assert decided is not None and decided[1] == "initial plan for 24 peers"
+    assert len(decided[0].view.estimated) > 24 * 23 / 2 / 4  # over a quarter of the pairs
+
+
+def test_past_the_budget_a_round_that_brought_half_its_links_is_waited_for_a_bounded_time(caplog):
+    planner = replanner(min_peers=24, measure_wait_s=20.0)
+    records = sparse_records(24, keep=0.5)
+    assert planner.decide(records, now=0.0) is None
+    with caplog.at_level(logging.INFO, logger="hetswarm.coordinator.replanner"):
+        assert planner.decide(records, now=5.0) is None
+    assert re.search(r"Waiting for \d+ links to be measured", caplog.text)
+    assert planner.decide(records, now=20.0)[1] == "initial plan for 24 peers"
 
 
 def test_measurement_noise_keeps_the_plan_but_a_clearly_better_plan_replaces_it():

@@ -216,7 +216,7 @@ def test_a_volunteer_that_measured_more_links_than_a_record_holds_publishes_the_
 
 @pytest.mark.swarm
 def test_past_its_budget_each_volunteer_measures_its_share_and_no_pair_twice(tmp_path):
-    """Five volunteers that may each measure two links (client/peer/measurement_policy.py): the records stay within
+    """Five volunteers that may each measure two links (protocol/measurement_policy.py): the records stay within
     the budget, the smaller id alone measures a pair, and the coordinator estimates the rest from them."""
     names = [f"v{i}" for i in range(5)]
     ids = identities(tmp_path, names)

@@ -1,6 +1,6 @@
 """Which links of this peer to measure, and when (client/peer/volunteer.py runs the rounds).
 
-Each peer measures at most `max_links` links (client/peer/measurement_policy.py says which: the plan's, its site's,
+Each peer measures at most `max_links` links (protocol/measurement_policy.py says which: the plan's, its site's,
 a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
 pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
 them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a
@@ -19,9 +19,9 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.peer.link_probe import measure_link
-from hetswarm.client.peer.measurement_policy import links_to_measure
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.keys import probe_namespace, short_id
+from hetswarm.protocol.measurement_policy import links_to_measure
 from hetswarm.protocol.records import LinkMeasurement, PeerRecord
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class LinkProber:
         self.probe_attempts: collections.Counter[str] = collections.Counter()
         """Probes started, per peer: for logs and tests."""
         self._epoch = -1
-        """The sample's epoch (client/peer/measurement_policy.py) that `_probed` counts."""
+        """The sample's epoch (protocol/measurement_policy.py) that `_probed` counts."""
         self._probed: set[str] = set()
         """The peers in view probed in that epoch: at most `max_links`, also while the view grows (a joining
         peer's chosen links shift as it sees more peers)."""

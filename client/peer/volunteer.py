@@ -27,10 +27,10 @@ from hivemind.utils import get_dht_time
 from hetswarm.client.peer.assignment_follower import AssignmentFollower
 from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer
 from hetswarm.client.peer.link_prober import LinkProber
-from hetswarm.client.peer.measurement_policy import partners_in
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
+from hetswarm.protocol.measurement_policy import DEFAULT_MAX_LINKS, partners_in
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
 
@@ -53,8 +53,8 @@ class VolunteerConfig:
     reprobe_s: float = 600.0
     """Links are measured again after this long, and at once when a new peer appears."""
     max_probes_per_round: int = 8
-    max_links: int = 16
-    """The links this peer measures and its record lists, at most (client/peer/measurement_policy.py): up to this
+    max_links: int = DEFAULT_MAX_LINKS
+    """The links this peer measures and its record lists, at most (protocol/measurement_policy.py): up to this
     many other peers, every pair is measured."""
     probe_backoff_s: float = 5.0
     """After a failed probe the peer is tried again after this long, doubling with each failure in a row."""

@@ -25,7 +25,14 @@ from collections.abc import Collection, Mapping
 from hetswarm.protocol.records import Assignment, PeerRecord
 from hetswarm.protocol.stage_role import StageRole
 
-__all__ = ["links_to_measure", "pair_draw", "partners_in"]
+__all__ = ["DEFAULT_MAX_LINKS", "FIRST_ROUND_SHARE", "expected_links", "links_to_measure", "pair_draw", "partners_in"]
+
+DEFAULT_MAX_LINKS = 16
+"""A volunteer's budget k unless it says otherwise (`hetswarm join --max-links`)."""
+FIRST_ROUND_SHARE = 0.9
+"""Of N·k/2, the pairs a swarm past k+1 peers has measured once each peer probed its first epoch's choice: the
+policy yields ~95 % of that (a peer's rules and its sample draw fill its budget on average, not always;
+benchmarks/measurement_budget.py: 7.6 probes per peer of k/2 = 8), less a margin for a thin draw."""
 
 
 def pair_draw(a: str, b: str, epoch: int) -> float:
@@ -54,3 +61,10 @@ def links_to_measure(me: str, peers: Mapping[str, PeerRecord], *, site: str | No
     chosen += [peer for peer in by_draw if site is not None and peers[peer].site == site][:budget // 4]
     chosen += [peer for peer in by_draw if draw[peer] < share]
     return list(dict.fromkeys(chosen))[:budget]
+
+
+def expected_links(n_peers: int, budget: int = DEFAULT_MAX_LINKS) -> int:
+    """How many pairs of `n_peers` are measured once every peer has probed its first epoch's choice: every pair
+    up to budget + 1 peers, else about FIRST_ROUND_SHARE of N·k/2 (each pair is probed by one end)."""
+    pairs = n_peers * (n_peers - 1) // 2
+    return pairs if n_peers <= budget + 1 else min(pairs, int(FIRST_ROUND_SHARE * n_peers * budget / 2))
