@@ -32,6 +32,7 @@ from hetswarm.coordinator.scheduling.search import SearchConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.measurement_policy import links_to_measure
 from hetswarm.protocol.network import Network
+from hetswarm.protocol.record_store import encode_record, stored_bytes
 from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
@@ -112,6 +113,7 @@ def main() -> None:
     truth = geo_swarm(args.peers, args.seed)
     ids = peer_ids(args.peers)
     records, probes = probe(truth, ids, args.max_links, args.seed)
+    record_bytes = max(stored_bytes(encode_record(record)) for record in records.values())
     pairs = args.peers * (args.peers - 1) // 2
     started = time.perf_counter()
     view = build_view(records)
@@ -144,6 +146,7 @@ def main() -> None:
         f"| peers, plan | {args.peers}, {d_pp} stages × {d_dp} pipelines |",
         f"| probes per peer (budget k = {args.max_links}) | at most {max(probes)}, mean {np.mean(probes):.1f} |",
         f"| pairs measured | {sum(probes):,} of {pairs:,} ({sum(probes) / pairs:.1%}) |",
+        f"| largest peer record as stored (with its signature) | {record_bytes:,} bytes |",
         f"| latency estimate, median error on unmeasured pairs | {latency_error:.1%} |",
         f"| bandwidth estimate, median error on unmeasured pairs | {bandwidth_error:.1%} |",
         f"| the estimator's own figure (held-out measured links) | {describe_error(view.estimate_error)} |",

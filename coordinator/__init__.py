@@ -19,7 +19,8 @@
  * assignment_record.py - the signed Assignment built from a priced proposal, with the plan's one price
  * recovery.py     - a restarted coordinator: versions above the swarm's, the plan in force taken over
  * state_sourcing.py - where each new plan's state comes from, and what that needs remembered across plans
- * refusals_board.py - the Refusals record: peers not planned or priced by what they do, with the reasons
+ * notices.py      - the Refusals record (peers not planned or priced by what they do, with the reasons) and the
+                     LinkRequests record (estimated links a plan relies on, measured before it is published)
  * plan_in_force.py - the one plan in force: its signed assignment, this run's pricing, where it came from
  * remembered_peers.py - peers kept in view until their records expire, so one partial read removes nobody
  * screening.py    - each round's admission, claims and ledger checks of the peers in view

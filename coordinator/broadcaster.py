@@ -43,10 +43,10 @@ from hetswarm.coordinator.assignment_record import build_assignment
 from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.coordinator.failure_votes import judge_aborts, named_causes
 from hetswarm.coordinator.loss_watch import LossWatch
+from hetswarm.coordinator.notices import Notices
 from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import Proposal
 from hetswarm.coordinator.recovery import recover, take_over
-from hetswarm.coordinator.refusals_board import RefusalsBoard
 from hetswarm.coordinator.remembered_peers import RememberedPeers
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
@@ -156,7 +156,7 @@ class Broadcaster:
         self.remembered = RememberedPeers()
         self.screening = Screening(admission or Admission(swarm=config.swarm), self.ledger,
                                    n_layers=replanner.config.model.n_layers)
-        self.refusals = RefusalsBoard(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
+        self.notices = Notices(self.records, coordinator_id=coordinator_id, ttl_s=config.ttl_s)
         self.sourcing = StateSourcing(self.ledger, lost_state_wait_s=config.lost_state_wait_s)
 
     @property
@@ -202,8 +202,8 @@ class Broadcaster:
         await self._roll_back_on_spike()
         if self.published is not None and time.monotonic() - self._published_at >= self.config.ttl_s / 2:
             await self._publish()
-        await self.refusals.publish(self.screening.refused | self.replanner.left_out(time.monotonic()),
-                                    self.screening.flagged)
+        await self.notices.publish(self.screening.refused | self.replanner.left_out(time.monotonic()),
+                                   self.screening.flagged, self.replanner.measuring.requests)
 
     def _screen(self, records: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
         """The records to plan with (coordinator/screening.py); a checkpoint the ledger learned of is saved."""

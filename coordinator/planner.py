@@ -136,6 +136,10 @@ class Proposal:
         """Pipeline r: the peer id of each stage, in stage order."""
         return [[self.view.peer_ids[d] for d in column] for column in self.plan.pipelines]
 
+    def estimated_links(self) -> list[tuple[str, str]]:
+        """The links the plan sends over that nobody measured (SwarmView.estimated_among)."""
+        return self.view.estimated_among(self.plan.pipelines)
+
     def to_dict(self) -> dict[str, Any]:
         """Plan.to_dict() plus the peers, the matrices it was made on, and the live prediction (JSON-ready)."""
         return self.plan.to_dict() | self.view.to_dict() | {

@@ -1,9 +1,9 @@
 """Deciding when a new plan is worth a new assignment version, and which plan (proposals: coordinator/planner.py).
 
 The replanner publishes a new version when the set of trainable peers changed and then stayed put for the debounce
-time (and, within a bound, until the links between them are measured), or when, on the same peers, a fresh plan is
-predicted at least `improvement` faster than the current plan re-priced on the fresh measurements (hysteresis, so
-that measurement noise does not make the swarm thrash).
+time (and, within a bound, until their links are measured: coordinator/measurement_wait.py), or when, on the same
+peers, a fresh plan is predicted at least `improvement` faster than the current plan re-priced on the fresh
+measurements (hysteresis, so that measurement noise does not make the swarm thrash).
 
 Re-plans are sticky (coordinator/sticky.py): the plan in force with its gone peers replaced is kept unless the
 search's plan is `improvement` faster and wins back the state hand-off of the peers it moves within
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hetswarm.coordinator.measurement_wait import MeasurementWait
 from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import PlannerConfig, Proposal, deployed, propose, reprice
 from hetswarm.coordinator.reports import REACHED_NOBODY
@@ -33,7 +34,6 @@ from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan
 from hetswarm.coordinator.sticky import sticky_or_searched
 from hetswarm.coordinator.swarm_view import SwarmView, build_view, trainable_peers
 from hetswarm.protocol.keys import short_id, short_ids
-from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.records import Assignment, PeerRecord
 
 __all__ = ["Replanner"]
@@ -58,6 +58,11 @@ class Replanner:
     _trouble: str = ""
     """Why the plan must change now (unreachable peers) or be restarted (stalled members); empty when all is well."""
     _restarted_at: float = -math.inf
+    measuring: MeasurementWait = field(init=False)
+    """The waits for links to be measured, and the links asked for (coordinator/measurement_wait.py)."""
+
+    def __post_init__(self) -> None:
+        self.measuring = MeasurementWait(self.config.measure_wait_s)
 
     def fits(self, assignment: Assignment) -> bool:
         """Whether a previous run's plan may be adopted, so that a restart keeps the roles; False (and logged) when
@@ -122,7 +127,7 @@ class Replanner:
         if now - self._changed_at < self.config.debounce_s or not members:
             return None
         view = build_view(records)
-        if awaited := self._awaited_links(view, now):
+        if awaited := self.measuring.awaited(view, now, self._changed_at):
             self._refuse(f"Waiting for {awaited} links to be measured", logging.INFO)
             return None
         if current is None:
@@ -130,15 +135,9 @@ class Replanner:
         else:
             joined, left = members - current.peers, current.peers - members
             reason = (f"membership changed: {len(joined)} joined {short_ids(joined)}, {len(left)} left {short_ids(left)}")
-        return self._propose(view, reason, now, current)
-
-    def _awaited_links(self, view: SwarmView, now: float) -> int:
-        """How many more links the peers' first round of measurement should bring (protocol/measurement_policy.py:
-        every pair in a small swarm, ~k/2 a peer past k+1 peers), while the bounded wait after a change lasts."""
-        if now - self._changed_at >= self.config.measure_wait_s:
-            return 0
-        measured = view.n_peers * (view.n_peers - 1) // 2 - len(view.estimated)
-        return max(expected_links(view.n_peers) - measured, 0)
+        decision = self._propose(view, reason, now, current)
+        held = self.measuring.ask_first(decision and decision[0], view, now, self._changed_at)
+        return None if held else decision
 
     def _recover(self, records: dict[str, PeerRecord], members: frozenset[str], now: float, basis: Basis
                  ) -> tuple[Proposal, str] | None:
@@ -166,7 +165,7 @@ class Replanner:
         if now - self._changed_at < self.config.debounce_s or not members:
             return None
         view = build_view(records)
-        if self._awaited_links(view, now):
+        if self.measuring.awaited(view, now, self._changed_at):
             return None
         joined, left = members - placed, placed - members
         reason = (f"membership changed since v{in_force.version}: {len(joined)} joined {short_ids(joined)}, "

@@ -1,7 +1,7 @@
 """Which peers' records the coordinator plans with, and why it leaves the others out: the admission rule
 (coordinator/admission.py), the claims their measured compute contradicts (coordinator/claims.py) and the
 advertised checkpoints the ledger does (coordinator/checkpoint_ledger.py). The reasons go to the coordinator's
-Refusals record (coordinator/refusals_board.py)."""
+Refusals record (coordinator/notices.py)."""
 from __future__ import annotations
 
 from hetswarm.coordinator.admission import Admission

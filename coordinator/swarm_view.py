@@ -72,6 +72,15 @@ class SwarmView:
                          tflops=self.tflops[index], memory_gib=self.memory_gib[index], estimated=estimated,
                          estimate_error=self.estimate_error)
 
+    def estimated_among(self, pipelines: list[list[int]]) -> list[tuple[str, str]]:
+        """The estimated links a plan of these pipelines (device indices, in stage order) sends over: each
+        pipeline's hops, then each stage group's pairs, as (smaller id, larger id)."""
+        hops = [(a, b) for chain in pipelines for a, b in zip(chain, chain[1:])]
+        groups = [(chain[s], other[s]) for i, chain in enumerate(pipelines) for other in pipelines[i + 1:]
+                  for s in range(len(chain))]
+        return list(dict.fromkeys(tuple(sorted((self.peer_ids[a], self.peer_ids[b]))) for a, b in hops + groups
+                                  if (min(a, b), max(a, b)) in self.estimated))
+
     def estimate_note(self) -> str:
         """For logs: nothing when every link was measured, else how many were estimated and with what error."""
         if not self.estimated:

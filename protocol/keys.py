@@ -16,6 +16,7 @@ PEERS_FIELD = "peers"
 ASSIGNMENT_FIELD = "assignment"
 PROGRESS_FIELD = "progress"
 REFUSED_FIELD = "refused"
+MEASURE_FIELD = "measure"
 
 AttemptKey = tuple[int, int]
 """(step, attempt): one attempt of a step. A retried step is the same step under attempt + 1 with the same data, so

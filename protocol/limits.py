@@ -25,6 +25,9 @@ aborts one attempt in three is caught, a fault of long ago is forgotten."""
 MAX_RECENT_LOSSES = 16
 """Losses of past steps one Progress record carries."""
 
+MAX_REQUESTED_LINKS = 64
+"""Links one LinkRequests record may ask to be measured: the estimated links of one plan's hops and groups."""
+
 MAX_REFUSED_PER_RECORD = 64
 """Refused peers the coordinator's Refusals record names (the first, by peer id, when there are more)."""
 

@@ -15,6 +15,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hetswarm.protocol.errors import ConfigError, RecordTooLarge
 from hetswarm.protocol.keys import (
     ASSIGNMENT_FIELD,
+    MEASURE_FIELD,
     PEERS_FIELD,
     PROGRESS_FIELD,
     REFUSED_FIELD,
@@ -22,7 +23,7 @@ from hetswarm.protocol.keys import (
     dht_key,
 )
 from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S, MAX_RECORDS_PER_KEY
-from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
+from hetswarm.protocol.records import Assignment, LinkRequests, PeerId, PeerRecord, Progress, Refusals
 from hetswarm.protocol.signing import TIMESTAMP_FIELDS, owner_peer_id
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ SIGNATURE_BYTES = 400
 """Room left for the `[signature:...]` suffix (a base64 RSA-2048 PSS signature is 344 bytes)."""
 
 SCHEMAS: dict[str, type[pydantic.BaseModel]] = {PEERS_FIELD: PeerRecord, ASSIGNMENT_FIELD: Assignment,
-                                                PROGRESS_FIELD: Progress, REFUSED_FIELD: Refusals}
+                                                PROGRESS_FIELD: Progress, REFUSED_FIELD: Refusals,
+                                                MEASURE_FIELD: LinkRequests}
 """The schema of each of a swarm's keys; the validators install the same (signing.py)."""
 FIELDS: dict[type[pydantic.BaseModel], str] = {schema: field for field, schema in SCHEMAS.items()}
 
@@ -61,10 +63,15 @@ def kept_first(peer: PeerId, dated: float, *, prefer: Collection[PeerId], now: f
     return peer in prefer, min(dated, now)
 
 
+def stored_bytes(value: dict) -> int:
+    """About what a record's value takes in the DHT: serialized, with the signature the validators append."""
+    return len(MSGPackSerializer.dumps(value)) + SIGNATURE_BYTES
+
+
 def encode_record(record: pydantic.BaseModel) -> dict:
     """The msgpack-ready value of a record, refused here with a clear error if it would be too large to store."""
     value = record.dict()
-    size = len(MSGPackSerializer.dumps(value)) + SIGNATURE_BYTES
+    size = stored_bytes(value)
     if size > MAX_RECORD_BYTES:
         raise RecordTooLarge(
             f"{type(record).__name__} of ~{size} bytes exceeds the {MAX_RECORD_BYTES}-byte DHT record limit"
@@ -105,6 +112,10 @@ class SwarmRecords:
     async def refusals(self, coordinator: PeerId | None = None) -> dict[PeerId, Refusals]:
         return await self.read(REFUSED_FIELD, prefer=(coordinator,) if coordinator else ())
 
+    async def link_requests(self, coordinator: PeerId) -> LinkRequests | None:
+        """The links `coordinator` asks to be measured now; None when it asks for none."""
+        return (await self.read(MEASURE_FIELD, prefer=(coordinator,))).get(coordinator)
+
     async def read(self, field: str, *, prefer: Collection[PeerId] = ()) -> dict[PeerId, pydantic.BaseModel]:
         """Valid records under one of the swarm's keys, by signer (class docstring); TimeoutError past the
         deadline."""
@@ -135,7 +146,8 @@ class SwarmRecords:
                 logger.warning(f"Skipped a malformed {field!r} record from {owner}: {e}")
         return records
 
-    async def publish(self, record: PeerRecord | Assignment | Progress | Refusals, *, ttl_s: float) -> bool:
+    async def publish(self, record: PeerRecord | Assignment | Progress | Refusals | LinkRequests, *, ttl_s: float
+                      ) -> bool:
         """Stores our record under its key for `ttl_s` seconds; True if at least one node took it in time."""
         if self.private_key is None:
             raise ConfigError("publishing needs the private key that signs our records")

@@ -25,6 +25,7 @@ from hetswarm.protocol.limits import (
     MAX_PEERS_PER_ASSIGNMENT,
     MAX_RECENT_LOSSES,
     MAX_REFUSED_PER_RECORD,
+    MAX_REQUESTED_LINKS,
     MAX_SECONDS,
     MAX_STEP,
     MAX_TFLOPS,
@@ -348,3 +349,25 @@ class Refusals(_Record):
         if len(peers) > MAX_REFUSED_PER_RECORD:
             raise ValueError(f"{len(peers)} peers exceed the limit of {MAX_REFUSED_PER_RECORD}")
         return peers
+
+
+class LinkRequests(_Record):
+    """Links the coordinator asks to be measured before it publishes a plan that relies on them: they were
+    estimated (coordinator/link_estimate.py). The end with the smaller id measures each, as its plan's partners
+    (protocol/measurement_policy.py); the coordinator then prices the plan on the measurements."""
+
+    coordinator_id: _PeerIdStr
+    pairs: list[tuple[_PeerIdStr, _PeerIdStr]]
+    updated_at: _Timestamp
+
+    @pydantic.validator("pairs")
+    def _bounded(cls, pairs: list) -> list:
+        if len(pairs) > MAX_REQUESTED_LINKS:
+            raise ValueError(f"{len(pairs)} links exceed the limit of {MAX_REQUESTED_LINKS}")
+        if any(a == b for a, b in pairs):
+            raise ValueError("a link joins two different peers")
+        return pairs
+
+    def partners_of(self, peer: PeerId) -> frozenset[PeerId]:
+        """The peers whose link with `peer` is asked for."""
+        return frozenset(b if a == peer else a for a, b in self.pairs if peer in (a, b))

@@ -19,17 +19,17 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from hetswarm.protocol.identity import peer_id_of
-from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PEERS_FIELD, PROGRESS_FIELD, REFUSED_FIELD, dht_key
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, MEASURE_FIELD, PEERS_FIELD, PROGRESS_FIELD, REFUSED_FIELD, dht_key
 from hetswarm.protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S
-from hetswarm.protocol.records import Assignment, PeerRecord, Progress, Refusals
+from hetswarm.protocol.records import Assignment, LinkRequests, PeerRecord, Progress, Refusals
 
 logger = logging.getLogger(__name__)
 
 OWNER_FIELDS = {PEERS_FIELD: "peer_id", ASSIGNMENT_FIELD: "coordinator_id", PROGRESS_FIELD: "peer_id",
-                REFUSED_FIELD: "coordinator_id"}
+                REFUSED_FIELD: "coordinator_id", MEASURE_FIELD: "coordinator_id"}
 """For each record kind, the field that names its owner; it must be the peer id of the signing key."""
 TIMESTAMP_FIELDS = {PEERS_FIELD: "updated_at", ASSIGNMENT_FIELD: "issued_at", PROGRESS_FIELD: "updated_at",
-                    REFUSED_FIELD: "updated_at"}
+                    REFUSED_FIELD: "updated_at", MEASURE_FIELD: "updated_at"}
 REPUBLISHED = {ASSIGNMENT_FIELD}
 """Record kinds stored again unchanged, so their timestamp may be older than one lifetime (a plan in force)."""
 
@@ -41,6 +41,7 @@ class SwarmSchema(pydantic.BaseModel):
     assignment: dict[BytesWithPublicKey, Assignment]
     progress: dict[BytesWithPublicKey, Progress]
     refused: dict[BytesWithPublicKey, Refusals]
+    measure: dict[BytesWithPublicKey, LinkRequests]
 
 
 _OWNER_MARKER = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)

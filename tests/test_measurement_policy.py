@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import itertools
 
-from hetswarm.protocol.measurement_policy import links_to_measure, pair_draw
+import pydantic.v1 as pydantic
+import pytest
+
+from hetswarm.protocol.limits import MAX_REQUESTED_LINKS
+from hetswarm.protocol.measurement_policy import expected_links, links_to_measure, pair_draw
+from hetswarm.protocol.records import LinkRequests
 from tests.helpers.swarm_records import record
 
 K = 16
@@ -52,3 +57,22 @@ def test_the_sample_rotates_so_that_measurements_cover_the_swarm():
     assert len(set().union(*epochs)) > 0.9 * (len(peers) - 1)  # 40 epochs of ~16: nearly every peer met
     measured_per_epoch = [sum(me < peer for peer in picks) for picks in epochs]  # only the smaller id probes
     assert max(measured_per_epoch) <= K
+
+
+def test_the_first_round_the_coordinator_waits_for_is_what_the_policy_yields():
+    """Every pair up to k+1 peers; past that, no more than the fewest pairs the policy measured in 20 draws."""
+    assert expected_links(K + 1) == (K + 1) * K // 2
+    for n in (24, 64):
+        fewest = min(len({frozenset((me, other)) for me in peers for other in chosen(peers, me, epoch=epoch)
+                          if me < other}) for epoch in range(20) for peers in [swarm(n)])
+        assert n * K / 2 * 0.8 < expected_links(n) <= fewest
+
+
+def test_link_requests_are_bounded_join_two_peers_and_name_each_peers_partners():
+    a, b, c = sorted(swarm(3))
+    requests = LinkRequests(coordinator_id=a, pairs=[(a, b), (b, c)], updated_at=0.0)
+    assert requests.partners_of(b) == {a, c} and requests.partners_of(a) == {b}
+    with pytest.raises(pydantic.ValidationError, match="two different peers"):
+        LinkRequests(coordinator_id=a, pairs=[(a, a)], updated_at=0.0)
+    with pytest.raises(pydantic.ValidationError, match="exceed the limit"):
+        LinkRequests(coordinator_id=a, pairs=[(a, b)] * (MAX_REQUESTED_LINKS + 1), updated_at=0.0)

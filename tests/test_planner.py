@@ -84,13 +84,39 @@ def sparse_records(n: int, *, keep: float = 1.0) -> dict:
     return records
 
 
-def test_past_the_budget_the_first_plan_waits_for_the_first_round_of_measurement_not_for_every_pair():
+def measured_as_asked(records: dict, pairs) -> dict:
+    """`records` after the smaller id of each pair measured it."""
+    records = dict(records)
+    for low, high in pairs:
+        records[low] = records[low].copy(update={"links": records[low].links | {high: link(50, 300)}})
+    return records
+
+
+def test_past_the_budget_the_first_round_suffices_and_the_plans_estimated_links_are_measured_before_it_is_out():
     planner = replanner(min_peers=24, measure_wait_s=20.0)
     records = sparse_records(24)
     assert planner.decide(records, now=0.0) is None
-    decided = planner.decide(records, now=5.0)  # debounced; most pairs unmeasured, as the policy means them to be
-    assert decided is not None and decided[1] == "initial plan for 24 peers"
-    assert len(decided[0].view.estimated) > 24 * 23 / 2 / 4  # over a quarter of the pairs
+    assert planner.decide(records, now=5.0) is None  # debounced, first round in: the plan found is held back
+    asked = planner.replanner.measuring.requests
+    view = build_view(records)
+    index = {peer: i for i, peer in enumerate(view.peer_ids)}
+    assert asked and all((index[a], index[b]) in view.estimated for a, b in asked)  # (smaller id, larger id)
+    assert len(view.estimated) > 24 * 23 / 2 / 4  # and most pairs stay unmeasured, as the policy means them to
+    records = measured_as_asked(records, asked)
+    proposal, reason = planner.decide(records, now=6.0)  # measured: the search runs again and the plan goes out
+    assert reason == "initial plan for 24 peers" and planner.replanner.measuring.requests == ()
+    assert not set(asked) & set(proposal.estimated_links())  # what was asked for now counts as measured
+
+
+def test_links_asked_for_and_never_measured_hold_the_plan_back_for_a_bounded_time():
+    planner = replanner(min_peers=24, measure_wait_s=20.0)
+    records = sparse_records(24)
+    planner.decide(records, now=0.0)
+    assert planner.decide(records, now=5.0) is None and planner.replanner.measuring.requests
+    assert planner.decide(records, now=24.9) is None
+    proposal, reason = planner.decide(records, now=25.0)
+    assert reason == "initial plan for 24 peers" and planner.replanner.measuring.requests == ()
+    assert proposal.estimated_links()  # published as its links stand: some still estimated
 
 
 def test_past_the_budget_a_round_that_brought_half_its_links_is_waited_for_a_bounded_time(caplog):
@@ -100,7 +126,8 @@ def test_past_the_budget_a_round_that_brought_half_its_links_is_waited_for_a_bou
     with caplog.at_level(logging.INFO, logger="hetswarm.coordinator.replanner"):
         assert planner.decide(records, now=5.0) is None
     assert re.search(r"Waiting for \d+ links to be measured", caplog.text)
-    assert planner.decide(records, now=20.0)[1] == "initial plan for 24 peers"
+    assert planner.decide(records, now=20.0) is None and planner.replanner.measuring.requests  # then the plan's
+    assert planner.decide(records, now=40.0)[1] == "initial plan for 24 peers"
 
 
 def test_measurement_noise_keeps_the_plan_but_a_clearly_better_plan_replaces_it():

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +34,7 @@ from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords
-from hetswarm.protocol.records import Hardware, LinkMeasurement, PeerRecord
+from hetswarm.protocol.records import Hardware, LinkMeasurement, LinkRequests, PeerRecord
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.swarm_records import IDS, make_record
 
@@ -69,8 +71,11 @@ async def publish_silent_record(dht: hivemind.DHT, identity: Identity) -> None:
 
 
 async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identity]], run_s: float,
-                         config: VolunteerConfig = CONFIG) -> dict[str, Volunteer]:
-    """Runs one Volunteer per node in this event loop for `run_s`, then stops them (each publishes `leaving`)."""
+                         config: VolunteerConfig = CONFIG,
+                         during: Callable[[dict[str, Volunteer]], Awaitable[None]] | None = None
+                         ) -> dict[str, Volunteer]:
+    """Runs one Volunteer per node in this event loop for `run_s` (or while `during` runs), then stops them (each
+    publishes `leaving`)."""
     attached = {name: await SwarmNode.attach(node_config, dht, identity)
                 for name, (node_config, dht, identity) in nodes.items()}
     volunteers = {name: Volunteer(node, HARDWARE, config) for name, node in attached.items()}
@@ -80,7 +85,7 @@ async def run_volunteers(nodes: dict[str, tuple[NodeConfig, hivemind.DHT, Identi
             async with asyncio.TaskGroup() as tasks:
                 for volunteer in volunteers.values():
                     tasks.create_task(volunteer.run(stop))
-                await asyncio.sleep(run_s)
+                await (during(volunteers) if during is not None else asyncio.sleep(run_s))
                 stop.set()
     finally:
         for node in attached.values():
@@ -249,3 +254,63 @@ def test_past_its_budget_each_volunteer_measures_its_share_and_no_pair_twice(tmp
 
 def volunteers_probes(volunteers: dict[str, Volunteer], peer_id: str) -> dict[str, int]:
     return next(v.prober.probe_attempts for v in volunteers.values() if v.node.peer_id == peer_id)
+
+
+@pytest.mark.swarm
+def test_links_the_coordinator_asks_for_are_measured_and_a_strangers_requests_are_not(tmp_path):
+    """Seven volunteers that may each measure two links, pinned to a coordinator: once their first round is in, the
+    coordinator asks for two pairs nobody measured (protocol/records.py: LinkRequests) and a stranger for a third;
+    the smaller id of each of the coordinator's pairs measures it, beyond its epoch's budget, and the stranger's
+    pair stays unmeasured."""
+    names = [f"v{i}" for i in range(7)]
+    ids = identities(tmp_path, names)
+    first, coordinator = start_node(SWARM, tmp_path / "coordinator.key")
+    stranger, stranger_key = start_node(SWARM, tmp_path / "stranger.key", [str(m) for m in first.get_visible_maddrs()])
+    dhts = [first, stranger]
+    asked: list[tuple[str, str]] = []
+
+    async def ask(volunteers: dict[str, Volunteer]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while loop.time() < deadline and any(len(v.peers) < len(names) - 1 for v in volunteers.values()):
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3.0)  # the first round on the whole view: every volunteer probed what its draw chose
+        measured = {frozenset((v.node.peer_id, other)) for v in volunteers.values() for other in v.prober.links}
+        unmeasured = [pair for pair in itertools.combinations(sorted(v.node.peer_id for v in volunteers.values()), 2)
+                      if frozenset(pair) not in measured]
+        triple = next((pairs for pairs in itertools.combinations(unmeasured, 3)  # no peer in two of them
+                       if len(set(itertools.chain(*pairs))) == 6), None)
+        assert triple is not None, measured
+        asked.extend(triple)
+        for dht, key, pairs in ((first, coordinator, asked[:2]), (stranger, stranger_key, asked[2:])):
+            requests = LinkRequests(coordinator_id=peer_id_of(key.get_public_key()), pairs=pairs,
+                                    updated_at=get_dht_time())
+            assert await SwarmRecords(dht, SWARM, private_key=key).publish(requests, ttl_s=60.0)
+        deadline = loop.time() + 20.0
+        while loop.time() < deadline and not all(
+                b in volunteers_of(volunteers, a).prober.links for a, b in asked[:2]):
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)  # time enough for the stranger's pair too, were it taken
+
+    try:
+        config = NodeConfig(swarm=SWARM, initial_peers=tuple(str(m) for m in first.get_visible_maddrs()),
+                            host_maddrs=(LOOPBACK,))
+        nodes = {}
+        for name in names:
+            dhts.append(start_dht(config, ids[name]))
+            nodes[name] = (config, dhts[-1], ids[name])
+        budget = replace(CONFIG, max_links=2, reprobe_s=1e6, coordinator=peer_id_of(coordinator.get_public_key()))
+        volunteers = asyncio.run(run_volunteers(nodes, 0.0, budget, during=ask))
+    finally:
+        for dht in reversed(dhts):
+            dht.shutdown()
+    for a, b in asked[:2]:
+        assert b in volunteers_of(volunteers, a).prober.links, (a, b)
+        assert volunteers_of(volunteers, a).prober.asked == {b}
+    low, high = asked[2]
+    assert high not in volunteers_of(volunteers, low).prober.links
+    assert volunteers_of(volunteers, low).prober.asked == frozenset()
+
+
+def volunteers_of(volunteers: dict[str, Volunteer], peer_id: str) -> Volunteer:
+    return next(v for v in volunteers.values() if v.node.peer_id == peer_id)

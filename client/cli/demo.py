@@ -19,8 +19,10 @@ _COMPARED_WITH = {"scheduled": "random", "paper": "scheduled", "random": "schedu
 
 
 def demo(
-    clients: Annotated[int, typer.Option(help="Clients to start (two per world-wide region).")] = 8,
-    dp: Annotated[int, typer.Option("--dp", help="Pipelines; the stages are clients / dp.")] = 2,
+    clients: Annotated[int, typer.Option(help="Clients to start (two or more per world-wide region).")] = 8,
+    dp: Annotated[int, typer.Option("--dp", help="Pipelines.")] = 2,
+    pp: Annotated[Optional[int], typer.Option("--pp", help="Stages (default: clients / dp); fewer leave the other "
+                                                           "clients standing by.")] = None,
     steps: Annotated[int, typer.Option(help="Steps to measure the plan on, after the warm-up.")] = 12,
     compare_steps: Annotated[int, typer.Option(help="Steps to measure the comparison plan on.")] = 6,
     plan: Annotated[str, typer.Option(help="scheduled, paper, random or default: the plan trained first "
@@ -46,7 +48,7 @@ def demo(
     if plan not in _COMPARED_WITH:
         raise RejectedInput(f"--plan must be one of {', '.join(_COMPARED_WITH)}, got {plan!r}")
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
-    config = DemoConfig(clients=clients, dp=dp, model=model, placements=placements, steps=counts[:len(placements)],
+    config = DemoConfig(clients=clients, dp=dp, stages=pp, model=model, placements=placements, steps=counts[:len(placements)],
                         bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression,
                         data_period=data_period, eval_every=eval_every)
     try:

@@ -1,8 +1,9 @@
 """`hetswarm demo`: a whole swarm on one machine that measures, schedules, trains, and checks its own prediction.
 
 A bootstrap node and N clients start as separate processes on 127.0.0.1, their links emulated from the DT-FM
-world-wide scenario (two clients per region, so a plan can keep each stage group inside a region). Once every
-link is measured, a coordinator joins and publishes a plan; the clients train it while this process watches
+world-wide scenario (two clients per region or more, so a plan can keep each stage group inside a region). Once
+the clients measured their links (every pair up to 17 clients, the first round of sparse measurement past that:
+protocol/measurement_policy.py), a coordinator joins and publishes a plan; the clients train it while this process watches
 their Progress records through its own read-only DHT node. A plan is then replaced by the next one asked for
 (`random` by default) on the same clients and links: the coordinator restarts with the same identity, so the
 clients' pinned key still holds and the versions keep growing. Each phase's measured step time is the median,
@@ -37,6 +38,7 @@ from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_pr
 from hetswarm.coordinator.planner import PLACEMENTS
 from hetswarm.protocol.errors import ConfigError, HetswarmError
 from hetswarm.protocol.identity import peer_id_of
+from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
@@ -64,10 +66,12 @@ class DemoConfig:
     clients: int = 8
     regions: tuple[str, ...] = REGIONS
     """World-wide scenario regions the clients fill, in order."""
-    clients_per_region: int = 2
-    """Clients in each region."""
+    clients_per_region: int | None = None
+    """Clients in each region; None: as few as hold them all, at least 2."""
     dp: int = 2
-    """Pipelines; the stages are clients // dp."""
+    """Pipelines."""
+    stages: int | None = None
+    """Stages; None: clients // dp, every client placed. Fewer leave the other clients standing by."""
     model: str = "tiny"
     placements: tuple[str, ...] = ("scheduled", "random")
     """Plans trained in turn on the same clients; the first is the one the loss curve is reported for."""
@@ -98,11 +102,13 @@ class DemoConfig:
     empty: as fast as this machine."""
 
     def __post_init__(self) -> None:
-        if self.clients < 2 or self.dp < 1 or self.clients % self.dp:
+        if self.clients < 2 or self.dp < 1 or (self.stages is None and self.clients % self.dp):
             raise ConfigError(f"clients ({self.clients}) must be a multiple of dp ({self.dp}), at least 2")
-        if self.clients_per_region < 1 or self.clients > self.clients_per_region * len(self.regions):
+        if self.stages is not None and not 1 <= self.stages * self.dp <= self.clients:
+            raise ConfigError(f"{self.stages} stages × {self.dp} pipelines do not fit {self.clients} clients")
+        if self.per_region < 1 or self.clients > self.per_region * len(self.regions):
             raise ConfigError(f"{self.clients} clients do not fit {len(self.regions)} regions with "
-                             f"{self.clients_per_region} per region")
+                             f"{self.per_region} per region")
         if self.model not in MODEL_PRESETS:
             raise ConfigError(f"unknown model {self.model!r}; presets: {', '.join(MODEL_PRESETS)}")
         if len(self.placements) != len(self.steps) or not self.placements:
@@ -120,11 +126,15 @@ class DemoConfig:
 
     @property
     def pp(self) -> int:
-        return self.clients // self.dp
+        return self.stages if self.stages is not None else self.clients // self.dp
+
+    @property
+    def per_region(self) -> int:
+        return self.clients_per_region or max(2, -(-self.clients // len(self.regions)))
 
     def sites(self) -> list[tuple[str, str]]:
         """(client name, region) of every client."""
-        per_region = self.clients_per_region
+        per_region = self.per_region
         return [(f"{self.regions[i // per_region].lower()}-{i % per_region + 1}", self.regions[i // per_region])
                 for i in range(self.clients)]
 
@@ -226,8 +236,8 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
                      coordinator_key: Path, on_update: Callable[[DemoWatch], None]) -> PhaseResult:
     n = config.clients
     watch.status = f"{placement} run: clients measure their links"
-    await _wait(watch, lambda: len(watch.peers) == n and watch.measured[0] == n * (n - 1) // 2,
-                config.start_timeout_s, f"bring up {n} clients and measure every link", on_update)
+    await _wait(watch, lambda: len(watch.peers) == n and watch.measured[0] >= expected_links(n),
+                config.start_timeout_s, f"bring up {n} clients and measure their links", on_update)
     watch.status = f"{placement} run: the coordinator plans"
     swarm.start(
         "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,

@@ -4,8 +4,12 @@ Each peer measures at most `max_links` links (protocol/measurement_policy.py say
 a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
 pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
 them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a
-measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. A peer whose probe failed (crashed, until its record expires; or serving no probe handler)
-is tried again only after an exponential backoff, so that it never makes the prober spin.
+measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. Within one such
+epoch at most `max_links` other peers are probed, also while the view grows and the chosen links shift; the plan's
+partners and the links the coordinator asks for (at most half the budget at any time) are probed besides, so that a
+new plan's links are measured at once, not an epoch later. A peer whose probe failed (crashed, until its record
+expires; or serving no probe handler) is tried again only after an exponential backoff, so that it never makes the
+prober spin.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from hetswarm.client.peer.link_probe import measure_link
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.keys import probe_namespace, short_id
 from hetswarm.protocol.measurement_policy import links_to_measure
-from hetswarm.protocol.records import LinkMeasurement, PeerRecord
+from hetswarm.protocol.records import LinkMeasurement, LinkRequests, PeerRecord
 
 if TYPE_CHECKING:
     from hetswarm.client.peer.volunteer import VolunteerConfig
@@ -39,6 +43,9 @@ class LinkProber:
                  partners: Callable[[], Collection[str]] = frozenset) -> None:
         """`partners`: the peers the plan in force has this one exchange with, now (their links come first)."""
         self.node, self.config, self.partners = node, config, partners
+        self.asked: frozenset[str] = frozenset()
+        """The peers whose link with us the coordinator asks to be measured first (protocol/records.py:
+        LinkRequests); measured as the plan's partners are."""
         self.links: dict[str, LinkMeasurement] = {}
         self._failures: dict[str, int] = {}
         """Failed probes in a row, per peer in view."""
@@ -49,8 +56,7 @@ class LinkProber:
         self._epoch = -1
         """The sample's epoch (protocol/measurement_policy.py) that `_probed` counts."""
         self._probed: set[str] = set()
-        """The peers in view probed in that epoch: at most `max_links`, also while the view grows (a joining
-        peer's chosen links shift as it sees more peers)."""
+        """The peers in view probed in that epoch (module docstring: at most `max_links` of them not partners)."""
 
     @property
     def namespace(self) -> str:
@@ -62,6 +68,12 @@ class LinkProber:
         measurement stays until newer ones push it out)."""
         newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
         return dict(newest[:self.config.max_links])
+
+    def ask(self, requests: LinkRequests | None) -> bool:
+        """Takes the coordinator's current requests; whether they changed what we are asked for."""
+        asked = requests.partners_of(self.node.peer_id) if requests is not None else frozenset()
+        changed, self.asked = asked != self.asked, asked
+        return changed
 
     def wait_s(self, peers: Mapping[str, PeerRecord]) -> float:
         """Seconds until one of the links to `peers` that this peer measures is due (`reprobe_s` if none)."""
@@ -85,11 +97,13 @@ class LinkProber:
         me, epoch = self.node.peer_id, int(get_dht_time() // self.config.reprobe_s)
         if epoch != self._epoch:
             self._epoch, self._probed = epoch, set()
-        chosen = links_to_measure(me, peers, site=self.config.site, partners=self.partners(),
+        partners = self.asked | frozenset(self.partners())
+        chosen = links_to_measure(me, peers, site=self.config.site, partners=partners,
                                   budget=self.config.max_links, epoch=epoch)
         mine = [p for p in chosen if p > me]
-        room = max(self.config.max_links - len(self._probed), 0)
-        return [p for p in mine if p in self._probed] + [p for p in mine if p not in self._probed][:room]
+        first = [p for p in mine if p in partners or p in self._probed]
+        room = max(self.config.max_links - len(self._probed - partners), 0)
+        return first + [p for p in mine if p not in first][:room]
 
     def _wait_before_probe(self, peer: str) -> float:
         """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""

@@ -191,12 +191,15 @@ class Volunteer:
             logger.info("Published `leaving`; goodbye")
 
     async def _follow(self) -> None:
-        """Polls the assignment key; a newly accepted plan is published in our record and handed to the hook."""
+        """Polls the assignment key, and the links the coordinator asks to be measured first; a newly accepted
+        plan is published in our record and handed to the hook."""
         while True:
             try:
                 entries = await self.node.records.assignments(self.follower.coordinator_id)
+                if self.prober.ask(await self.node.records.link_requests(self.follower.coordinator_id)):
+                    self._probe_wanted.set()
             except TimeoutError:
-                logger.debug("Reading the assignment key timed out")
+                logger.debug("Reading the assignment or the link requests timed out")
                 entries = {}
             if (accepted := self.follower.consider(entries)) is not None:
                 await self.publish_record("assignment")

@@ -1,0 +1,127 @@
+"""Does `hetswarm demo` hold 32 clients on this machine, half of them standing by, with sparse measurement?
+
+The demo's own swarm (client/local/demo.py: a bootstrap, N clients as separate processes on 127.0.0.1, links
+emulated from the world-wide scenario, then a coordinator), one scheduled plan of dp × pp placed clients, the others
+standing by. While it runs, a sampler sums the resident and proportional memory of every process below this one
+(PSS counts a page shared by k processes as 1/k of it: the memory the swarm really takes). From what the demo's
+watch read: peers seen and the most links any record listed. From the logs: whether the coordinator ever counted a
+live client as left, and how often a client's record found no DHT node. Writes the "demo-scale" section of
+benchmarks/RESULTS.md.
+
+    python benchmarks/demo_scale.py [--clients 32] [--dp 4] [--pp 4] [--steps 6]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+
+from hetswarm.client.local.demo import DemoConfig, DemoWatch, run_swarm
+
+MIN_AVAILABLE_BYTES = 1 << 30
+"""Below this much free memory the run is interrupted (the demo then stops every process it started)."""
+
+
+class TreeMemory:
+    """Peak RSS and PSS sums over this process's descendants, sampled until stopped."""
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.peak_rss = self.peak_pss = 0
+        self.peak_processes = 0
+        self.low_memory = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval_s,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            rss = pss = 0
+            children = psutil.Process(os.getpid()).children(recursive=True)
+            for child in children:
+                try:
+                    info = child.memory_full_info()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                rss, pss = rss + info.rss, pss + info.pss
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.peak_processes = max(self.peak_processes, len(children))
+            if psutil.virtual_memory().available < MIN_AVAILABLE_BYTES and not self.low_memory:
+                self.low_memory = True
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--dp", type=int, default=4)
+    parser.add_argument("--pp", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    config = DemoConfig(clients=args.clients, dp=args.dp, stages=args.pp, placements=("scheduled",),
+                        steps=(args.steps,), start_timeout_s=900.0, step_timeout_s=120.0)
+    seen = {"peers": 0, "max_links": 0, "first_plan_s": None}
+    workdir: list[Path] = []
+    started = time.monotonic()
+
+    def on_update(watch: DemoWatch) -> None:
+        seen["peers"] = max(seen["peers"], len(watch.peers))
+        seen["max_links"] = max([seen["max_links"], *(len(r.links) for r in watch.peers.values())])
+        if watch.assignment is not None and seen["first_plan_s"] is None:
+            seen["first_plan_s"] = time.monotonic() - started
+
+    memory = TreeMemory()
+    try:
+        phases = run_swarm(config, on_update=on_update, on_workdir=workdir.append)
+    finally:
+        memory.stop()
+        print(f"logs: {workdir[0] if workdir else '?'}; low memory: {memory.low_memory}", flush=True)
+    wall_s = time.monotonic() - started
+    logs = workdir[0] / "run-scheduled"
+    coordinator = (logs / "coordinator.log").read_text(errors="replace")
+    left = re.findall(r"membership changed[^\n]*?(\d+) left", coordinator)
+    unreachable = re.findall(r"Leaving (\S+) out and re-planning", coordinator)
+    unstored = sum((log.read_text(errors="replace").count("No DHT node accepted our peer record"))
+                   for log in logs.glob("*.log"))
+    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*)", coordinator)
+    phase = phases[0]
+    gib = 1 << 30
+    rows = [
+        f"| clients, plan | {args.clients}, {args.pp} stages × {args.dp} pipelines, "
+        f"{args.clients - args.pp * args.dp} standing by |",
+        f"| wall time, first plan after start | {wall_s / 60:.1f} min, {seen['first_plan_s'] / 60:.1f} min |",
+        f"| peak memory of the process tree, PSS (RSS) | {memory.peak_pss / gib:.1f} GiB ({memory.peak_rss / gib:.1f} "
+        f"GiB), {memory.peak_processes} processes |",
+        f"| peers the watch saw | {seen['peers']} |",
+        f"| most links one record listed | {seen['max_links']} |",
+        f"| coordinator counted a live client as left | {'yes: ' + ', '.join(left) if any(int(n) for n in left) else 'never'} |",
+        f"| peers reported unreachable and planned out | {', '.join(unreachable) or 'none'} |",
+        f"| client records no DHT node accepted (log lines) | {unstored} |",
+        f"| estimated links the plan was priced on | {estimated.group(1) + ', ' + estimated.group(2) if estimated else 'none'} |",
+        f"| step time measured, predicted | {phase.measured_step_s:.2f} s, {phase.predicted_step_s:.2f} s |",
+    ]
+    markdown = "\n".join([
+        f"## The demo at {args.clients} clients",
+        "",
+        f"Command: `{command_line()}` on the project's 2-core, 23 GiB machine. {' '.join(__doc__.split(chr(10) * 2)[1].split())}",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        *rows,
+    ])
+    print(markdown)
+    write_section("demo-scale", markdown)
+
+
+if __name__ == "__main__":
+    main()

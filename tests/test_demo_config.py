@@ -1,0 +1,26 @@
+"""The demo's settings: how many clients per region, and which plan shapes leave clients standing by."""
+from __future__ import annotations
+
+import pytest
+
+from hetswarm.client.local.demo import REGIONS, DemoConfig
+from hetswarm.protocol.errors import ConfigError
+
+
+def test_past_two_per_region_the_clients_spread_over_every_region_evenly():
+    assert DemoConfig(clients=8).per_region == 2
+    config = DemoConfig(clients=32, dp=4, stages=4)
+    assert config.per_region == 4 and config.pp == 4
+    sites = config.sites()
+    assert len(sites) == 32 and len({name for name, _ in sites}) == 32
+    assert {region for _, region in sites} == set(REGIONS[:8])
+
+
+def test_fewer_stages_than_clients_per_pipeline_leave_clients_standing_by_and_too_many_are_refused():
+    assert DemoConfig(clients=10, dp=4, stages=2).pp == 2  # 8 placed, 2 standing by: no multiple needed
+    with pytest.raises(ConfigError, match="do not fit 32 clients"):
+        DemoConfig(clients=32, dp=4, stages=9)
+    with pytest.raises(ConfigError, match="multiple of dp"):
+        DemoConfig(clients=10, dp=4)
+    with pytest.raises(ConfigError, match="per region"):
+        DemoConfig(clients=10, clients_per_region=2, regions=REGIONS[:4])
