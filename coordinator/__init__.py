@@ -22,7 +22,6 @@
  * notices.py      - the Refusals record (peers not planned or priced by what they do, with the reasons) and the
                      LinkRequests record (estimated links a plan relies on, measured before it is published)
  * plan_in_force.py - the one plan in force: its signed assignment, this run's pricing, where it came from
- * remembered_peers.py - peers kept in view until their records expire, so one partial read removes nobody
  * screening.py    - each round's admission, claims and ledger checks of the peers in view
  * broadcaster.py  - the coordinator's loop over the DHT: signed, versioned Assignments (imports hivemind;
                      not re-exported here, so that the scheduler imports without it)

@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hivemind
-from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.coordinator.admission import Admission
@@ -47,7 +46,6 @@ from hetswarm.coordinator.notices import Notices
 from hetswarm.coordinator.plan_in_force import PlanInForce
 from hetswarm.coordinator.planner import Proposal
 from hetswarm.coordinator.recovery import recover, take_over
-from hetswarm.coordinator.remembered_peers import RememberedPeers
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.reports import ReportCheck
 from hetswarm.coordinator.run_state import CoordinatorState, StateFile, highest_followed_version, load_state, start_step
@@ -67,6 +65,7 @@ from hetswarm.protocol.records import (
     PeerRecord,
     Progress,
 )
+from hetswarm.protocol.remembered_peers import RememberedPeers
 
 __all__ = ["BroadcastConfig", "Broadcaster", "troubles"]
 
@@ -316,13 +315,12 @@ class Broadcaster:
             self._published_at = -math.inf
 
     async def _read(self, field: str, *, prefer: Collection[str] = ()) -> dict | None:
-        """The swarm's records under one key, the peers' as remembered (coordinator/remembered_peers.py); None (not
+        """The swarm's records under one key, the peers' as remembered (protocol/remembered_peers.py); None (not
         an empty swarm) when the read timed out."""
         try:
             if field != PEERS_FIELD:
                 return await self.records.read(field, prefer=prefer)
-            read = await self.records.read_expiring(field, prefer=prefer)
-            return self.remembered.merge(read, get_dht_time(), prefer=prefer)
+            return await self.remembered.read(self.records, prefer=prefer)
         except TimeoutError:
             logger.warning(f"Reading the swarm's {field!r} records timed out after {self.config.request_timeout_s} s")
             return None

@@ -17,6 +17,7 @@ imports the errors) must stay usable without it.
  * join_tokens.py  - the coordinator's signed tokens that admit one peer to a closed swarm
  * atomic_files.py - files written whole or not at all (temporary file, fsync, rename)
  * record_store.py - SwarmRecords: publish our signed records, read everyone's by signer, each call with a deadline
+ * remembered_peers.py - peers kept in view until their records expire, so one partial read removes nobody
  * measurement_policy.py - which links a peer measures within its budget (the plan's, its site's, a rotating
                    sample); volunteers follow it and the coordinator expects what it yields
  * wire_format.py  - the codec of each transfer of a plan (fp32, fp16, 8-bit) and the bytes the cost model prices

@@ -32,6 +32,7 @@ from hetswarm.client.peer.volunteer import Volunteer, VolunteerConfig
 from hetswarm.coordinator.swarm_view import build_view
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.identity import peer_id_of
+from hetswarm.protocol.keys import PEERS_FIELD
 from hetswarm.protocol.limits import MAX_LINKS_PER_RECORD
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Hardware, LinkMeasurement, LinkRequests, PeerRecord
@@ -173,9 +174,10 @@ class _ReadOnDemand:
     def __init__(self, newcomer: str) -> None:
         self.newcomer, self.reads = newcomer, 0
 
-    async def peers(self) -> dict[str, PeerRecord]:
+    async def read_expiring(self, field: str, prefer=()) -> dict[str, tuple[PeerRecord, float]]:
+        assert field == PEERS_FIELD
         self.reads += 1
-        return {} if self.reads == 1 else {self.newcomer: make_record(self.newcomer)}
+        return {} if self.reads == 1 else {self.newcomer: (make_record(self.newcomer), get_dht_time() + 60.0)}
 
 
 def test_a_probe_from_a_peer_not_yet_in_view_waits_for_one_read_and_a_strangers_next_probe_does_not():
@@ -203,6 +205,44 @@ def test_a_probe_from_a_peer_not_yet_in_view_waits_for_one_read_and_a_strangers_
             watch.cancel()
 
     asyncio.run(scenario())
+
+
+class _Reads:
+    """A record store whose reads of the peers' records return the given views in turn, then the last one."""
+
+    def __init__(self, *views: dict[str, PeerRecord]) -> None:
+        self.views, self.reads = views, 0
+
+    async def read_expiring(self, field: str, prefer=()) -> dict[str, tuple[PeerRecord, float]]:
+        view = self.views[min(self.reads, len(self.views) - 1)]
+        self.reads += 1
+        return {peer: (record, get_dht_time() + 60.0) for peer, record in view.items()}
+
+
+def test_a_read_that_misses_a_peer_keeps_it_in_view_and_a_leaving_record_takes_it_out():
+    """At 32 clients on one machine, reads of the busy DHT gave a volunteer views of 22, 14, 7 and 5 peers within
+    a minute: it forgot its measurements of the missed peers and probed them again past its budget."""
+    a, b = (make_record(peer) for peer in IDS[1:3])
+    leaving = b.copy(update={"state": "leaving", "updated_at": b.updated_at + 1})
+    records = _Reads({a.peer_id: a, b.peer_id: b}, {a.peer_id: a}, {a.peer_id: a, b.peer_id: leaving})
+    node = SimpleNamespace(peer_id=IDS[0], records=records, sites={})
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(view_interval_s=60.0))  # no read but on demand
+
+    async def scenario() -> list[set[str]]:
+        watch = asyncio.create_task(volunteer._watch())
+        try:
+            async with asyncio.timeout(10):
+                while volunteer._views < 1:
+                    await asyncio.sleep(0.01)
+                views = [set(volunteer.peers)]
+                for stranger in IDS[5:7]:  # a call from a peer not in view has the records read once more
+                    await volunteer._look_for(stranger)
+                    views.append(set(volunteer.peers))
+        finally:
+            watch.cancel()
+        return views
+
+    assert asyncio.run(scenario()) == [{a.peer_id, b.peer_id}, {a.peer_id, b.peer_id}, {a.peer_id}]
 
 
 @pytest.mark.parametrize("max_links", [MAX_LINKS_PER_RECORD, VolunteerConfig().max_links])

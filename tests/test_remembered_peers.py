@@ -1,11 +1,11 @@
-"""The coordinator tells "gone" from "not read" (coordinator/remembered_peers.py): a read that misses a record does
+"""The coordinator tells "gone" from "not read" (protocol/remembered_peers.py): a read that misses a record does
 not remove its peer; its record's expiry, or a newer record of it that says it is leaving, does."""
 from __future__ import annotations
 
 from hetswarm.coordinator.planner import PlannerConfig
-from hetswarm.coordinator.remembered_peers import RememberedPeers
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.swarm_view import trainable_peers
+from hetswarm.protocol.remembered_peers import RememberedPeers
 from tests.helpers.plans import MODEL, PEERS, SEARCH, Publishing, measured_records
 from tests.helpers.swarm_records import IDS
 

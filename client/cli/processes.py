@@ -38,6 +38,7 @@ from hetswarm.protocol.errors import HetswarmError
 from hetswarm.protocol.keys import probe_namespace, reachability_namespace
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.record_store import SwarmRecords
+from hetswarm.protocol.remembered_peers import RememberedPeers
 
 if TYPE_CHECKING:
     from hetswarm.client.training.periodic_export import PeriodicExport
@@ -193,9 +194,11 @@ def monitor(node_config: NodeConfig, *, once: bool, as_json: bool, refresh_s: fl
                                                     refresh_s=refresh_s, on_ready=announce))
             return
 
+        remembered = RememberedPeers()  # across the reads of --watch
+
         async def read_snapshot() -> dict:
             try:
-                return (await SwarmSnapshot.read(records, coordinator)).to_json(coordinator)
+                return (await SwarmSnapshot.read(records, coordinator, remembered=remembered)).to_json(coordinator)
             except TimeoutError:
                 raise HetswarmError(f"the swarm's records could not be read within {records.timeout_s:.0f} s; "
                                     "check --initial-peers and that those peers are up") from None

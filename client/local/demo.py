@@ -42,6 +42,7 @@ from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.model_config import MODEL_PRESETS
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerRecord, Progress
+from hetswarm.protocol.remembered_peers import RememberedPeers
 from hetswarm.protocol.wire_format import COMPRESSION_POLICIES
 
 __all__ = ["DemoConfig", "DemoWatch", "EXPORT_FOLDER", "PhaseResult", "REGIONS", "SAMPLE_PROMPT", "run_swarm"]
@@ -186,11 +187,12 @@ class DemoWatch:
         """(pairs measured, pairs) among the present peers."""
         self.status = "starting"
         self.phases: list[PhaseResult] = []
+        self.remembered = RememberedPeers()
 
     async def refresh(self) -> None:
         """One snapshot more; a read past its deadline leaves what was seen before."""
         try:
-            snapshot = await SwarmSnapshot.read(self.records)
+            snapshot = await SwarmSnapshot.read(self.records, remembered=self.remembered)
         except TimeoutError:
             logger.debug("Reading the demo swarm's records timed out; trying again")
             return

@@ -24,6 +24,7 @@ from hetswarm.coordinator.swarm_view import build_view, trainable_peers
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerId, PeerRecord, Progress, Refusals
+from hetswarm.protocol.remembered_peers import RememberedPeers
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
 __all__ = ["SwarmSnapshot"]
@@ -43,11 +44,14 @@ class SwarmSnapshot:
     """Each coordinator's list of the peers it does not plan, and why."""
 
     @classmethod
-    async def read(cls, records: SwarmRecords, coordinator: PeerId | None = None) -> SwarmSnapshot:
+    async def read(cls, records: SwarmRecords, coordinator: PeerId | None = None, *,
+                   remembered: RememberedPeers | None = None) -> SwarmSnapshot:
         """Reads the swarm's keys (each under the reader's deadline: TimeoutError past it), the pinned
-        `coordinator`'s records kept among a flood of others' (SwarmRecords)."""
+        `coordinator`'s records kept among a flood of others' (SwarmRecords); a reader that reads again and again
+        keeps the peers `remembered` until their records expire (protocol/remembered_peers.py)."""
         read_at = get_dht_time()
-        return cls(swarm=records.swarm, peers=await records.peers(),
+        peers = await remembered.read(records) if remembered is not None else await records.peers()
+        return cls(swarm=records.swarm, peers=peers,
                    assignments=await records.assignments(coordinator), progress=await records.progress(),
                    read_at=read_at, refusals=await records.refusals(coordinator))
 

@@ -26,6 +26,7 @@ from hetswarm.client.monitor.snapshot import SwarmSnapshot
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment, PeerId, Progress
+from hetswarm.protocol.remembered_peers import RememberedPeers
 
 __all__ = ["ProgressHistory", "WebAddress", "WebMonitor", "serve_web"]
 
@@ -143,11 +144,13 @@ class WebMonitor:
         """Wall-clock time of the last read that succeeded; None before the first."""
         self.error: str | None = None
         self.reads = self.failed_reads = 0
+        self.remembered = RememberedPeers()
 
     async def refresh(self) -> None:
         """One read of the swarm; on a timeout or a failed read the last state stays, with the reason beside it."""
         try:
-            snapshot = await SwarmSnapshot.read(self.records, self.coordinator)  # each under SwarmRecords' deadline
+            snapshot = await SwarmSnapshot.read(self.records, self.coordinator,  # each under SwarmRecords' deadline
+                                                remembered=self.remembered)
             state = snapshot.to_json(self.coordinator)
         except TimeoutError:
             self.failed_reads += 1

@@ -33,6 +33,7 @@ from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TO
 from hetswarm.protocol.measurement_policy import DEFAULT_MAX_LINKS, partners_in
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
+from hetswarm.protocol.remembered_peers import RememberedPeers
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ class Volunteer:
         self.prober = LinkProber(node, config, partners=lambda: partners_in(
             self.follower.current if self.follower else None, node.peer_id))
         self.peers: dict[str, PeerRecord] = {}
+        self.remembered = RememberedPeers()
+        """The records read, kept until they expire (protocol/remembered_peers.py): `peers` is their active part."""
         self._publishing: asyncio.Task | None = None
         self._look_now = asyncio.Event()
         """Set to read the swarm's records before the next view interval is up."""
@@ -227,7 +230,7 @@ class Volunteer:
             self._look_now.clear()  # a look asked for while this read runs gets a read of its own
             self._reading = True
             try:
-                peers = await self.node.records.peers()
+                peers = await self.remembered.read(self.node.records)
             except TimeoutError:
                 self._reading = False
                 logger.debug("Reading the swarm's peer records timed out; trying again")

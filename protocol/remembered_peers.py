@@ -1,18 +1,23 @@
-"""The peers' records as the coordinator keeps them between reads, so that "gone" is told from "not read".
+"""The peers' records as a reader keeps them between reads, so that "gone" is told from "not read".
 
 A read of a busy DHT may return part of the swarm: the nodes asked in time did not all hold every subkey. Taken as
-the view, such a read makes live peers look departed, and the coordinator replans them out (seen at 16 clients on
-one machine: "7 left … no plan fits 9 peers" while all 16 trained). So a peer stays in view until its record
-expires (the owner stopped refreshing it: it died or left), until a newer record of it says so (`leaving`, which
-planning skips like any state that does not train), or until the plan's members report it unreachable
-(coordinator/reports.py, which the replanner acts on). A later read's record of a peer replaces an older one.
+the view, such a read makes live peers look departed: the coordinator replanned them out (seen at 16 clients on
+one machine: "7 left … no plan fits 9 peers" while all 16 trained), and volunteers forgot their measurements of
+them and probed them again past their budget (seen at 32 clients: views of 22, 14, 7 and 5 peers within a minute).
+So a peer stays in view until its record expires (the owner stopped refreshing it: it died or left), until a newer
+record of it says so (`leaving`, which planning and probing skip), or, for the coordinator, until the plan's
+members report it unreachable (coordinator/reports.py, which the replanner acts on). A later read's record of a
+peer replaces an older one.
 """
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from hivemind.utils import get_dht_time
+
+from hetswarm.protocol.keys import PEERS_FIELD
 from hetswarm.protocol.limits import MAX_RECORDS_PER_KEY
-from hetswarm.protocol.record_store import kept_first
+from hetswarm.protocol.record_store import SwarmRecords, kept_first
 from hetswarm.protocol.records import PeerRecord
 
 __all__ = ["RememberedPeers"]
@@ -41,3 +46,7 @@ class RememberedPeers:
                       key=lambda item: kept_first(item[0], item[1][0].updated_at, prefer=prefer, now=now), reverse=True)
         self._records = dict(live[:self.limit])
         return {peer: record for peer, (record, _) in self._records.items()}
+
+    async def read(self, records: SwarmRecords, *, prefer: Collection[str] = ()) -> dict[str, PeerRecord]:
+        """The view after one more read of the swarm's peer records (TimeoutError when the read timed out)."""
+        return self.merge(await records.read_expiring(PEERS_FIELD, prefer=prefer), get_dht_time(), prefer=prefer)
