@@ -17,10 +17,10 @@ determine them:
   seek out exactly such links, as it did in benchmarks/scale_sim.py before this bound); within a site nobody
   measured, only the access links bound it.
 
-The error figure is honest in the usual way: every fifth measured pair (by a hash of the pair, so the same pairs
-every time) is held out, the models are fitted on the rest and judged on the held-out pairs (median relative
-error), and then fitted again on everything. The scheduler prices estimated links by that error, pessimistically
-(`conservative`): latency up, bandwidth down.
+The error figure is judged on data the fit did not see: every fifth measured pair (by a hash of the pair, so the
+same pairs every time) is held out, the models are fitted on the rest and judged on the held-out pairs (median
+relative error), and then fitted again on everything. The scheduler prices estimated links by that error,
+pessimistically (`conservative`): latency up, bandwidth down.
 """
 from __future__ import annotations
 

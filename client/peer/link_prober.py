@@ -56,7 +56,8 @@ class LinkProber:
         self._epoch = -1
         """The sample's epoch (protocol/measurement_policy.py) that `_probed` counts."""
         self._probed: set[str] = set()
-        """The peers in view probed in that epoch (module docstring: at most `max_links` of them not partners)."""
+        """The peers probed in that epoch (module docstring: at most `max_links` of them not partners), also those
+        that left the view since: one that comes back within the epoch takes no second place in the budget."""
 
     @property
     def namespace(self) -> str:
@@ -80,8 +81,8 @@ class LinkProber:
         return min((self._wait_before_probe(p) for p in self._mine(peers)), default=self.config.reprobe_s)
 
     async def round(self, peers: Mapping[str, PeerRecord]) -> bool:
-        """Probes the due links to `peers` (the records in view); forgets everything about peers no longer in view.
-        Returns whether a link was measured anew."""
+        """Probes the due links to `peers` (the records in view); forgets the measurements and failures of peers no
+        longer in view. Returns whether a link was measured anew."""
         due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
         due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
         measured = [peer for peer in due[:self.config.max_probes_per_round] if await self._probe_one(peer)]
@@ -89,7 +90,6 @@ class LinkProber:
         self.links = {p: m for p, m in self.links.items() if p in in_view}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}
         self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
-        self._probed &= in_view
         return bool(measured)
 
     def _mine(self, peers: Mapping[str, PeerRecord]) -> list[str]:
