@@ -5,8 +5,9 @@ emulated from the world-wide scenario, then a coordinator), one scheduled plan o
 standing by. While it runs, a sampler sums the resident and proportional memory of every process below this one
 (PSS counts a page shared by k processes as 1/k of it: the memory the swarm really takes). From what the demo's
 watch read: peers seen and the most links any record listed. From the logs: whether the coordinator ever counted a
-live client as left, and how often a client's record found no DHT node. Writes the "demo-scale" section of
-benchmarks/RESULTS.md.
+live client as left, and how often a client's record found no DHT node.
+
+Writes the "demo-scale" section of benchmarks/RESULTS.md.
 
     python benchmarks/demo_scale.py [--clients 32] [--dp 4] [--pp 4] [--steps 6] [--start-timeout 900]
 """
@@ -101,6 +102,8 @@ def main() -> None:
                    for log in logs.glob("*.log"))
     estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*)", coordinator)
     gib = 1 << 30
+    left_out = ("no coordinator started" if not coordinator else
+                "yes: " + ", ".join(left) if any(int(n) for n in left) else "never")
     first_plan = f"{seen['first_plan_s'] / 60:.1f} min" if seen["first_plan_s"] is not None else "none"
     outcome = (f"{phases[0].measured_step_s:.2f} s, {phases[0].predicted_step_s:.2f} s" if phases
                else f"did not finish: {failure}")
@@ -112,7 +115,7 @@ def main() -> None:
         f"GiB), {memory.peak_processes} processes |",
         f"| peers the watch saw | {seen['peers']} |",
         f"| most links one record listed | {seen['max_links']} |",
-        f"| coordinator counted a live client as left | {'yes: ' + ', '.join(left) if any(int(n) for n in left) else 'never'} |",
+        f"| coordinator counted a live client as left | {left_out} |",
         f"| peers reported unreachable and planned out | {', '.join(unreachable) or 'none'} |",
         f"| client records no DHT node accepted (log lines) | {unstored} |",
         f"| estimated links the plan was priced on | {estimated.group(1) + ', ' + estimated.group(2) if estimated else 'none'} |",

@@ -6,6 +6,7 @@
  * link_estimate.py - the estimates' models (network coordinates, access and site capacities), their held-out error
  * planner.py      - proposals: shape choice, placement, live price
  * replanner.py    - Replanner: when a proposal becomes a published plan (debounce, hysteresis, sticky roles, adopt)
+ * measurement_wait.py - the bounded waits for links to be measured, and the estimated links asked for first
  * reports.py      - members' reports of unreachable peers, corroborated (a second report, or our own ping)
  * failure_votes.py - the signed failure votes of aborted attempts, judged: who keeps the plan from committing
                      (imports hivemind, to check signatures)

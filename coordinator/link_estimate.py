@@ -15,7 +15,8 @@ determine them:
   bounds, so the estimate errs low, the safe side for a plan. A pair of sites nobody measured is bounded by the
   narrowest measured path out of either site (a path is not assumed wide because nobody looked: the search would
   seek out exactly such links, as it did in benchmarks/scale_sim.py before this bound); within a site nobody
-  measured, only the access links bound it.
+  measured, only the access links bound it. A peer that declares no site is a site of its own
+  (coordinator/swarm_view.py), so its narrowest measured link bounds its unmeasured ones.
 
 The error figure is judged on data the fit did not see: every fifth measured pair (by a hash of the pair, so the
 same pairs every time) is held out, the models are fitted on the rest and judged on the held-out pairs (median

@@ -81,13 +81,14 @@ class LinkProber:
         return min((self._wait_before_probe(p) for p in self._mine(peers)), default=self.config.reprobe_s)
 
     async def round(self, peers: Mapping[str, PeerRecord]) -> bool:
-        """Probes the due links to `peers` (the records in view); forgets the measurements and failures of peers no
-        longer in view. Returns whether a link was measured anew."""
+        """Probes the due links to `peers` (the records in view); forgets the failures of peers no longer in view,
+        and their measurements once the epoch that took them is over (a peer back within it is not probed again).
+        Returns whether a link was measured anew."""
         due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
         due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
         measured = [peer for peer in due[:self.config.max_probes_per_round] if await self._probe_one(peer)]
         in_view = set(peers)
-        self.links = {p: m for p, m in self.links.items() if p in in_view}
+        self.links = {p: m for p, m in self.links.items() if p in in_view or p in self._probed}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}
         self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
         return bool(measured)
