@@ -27,6 +27,7 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 from hetswarm.client.local.demo import DemoConfig, DemoWatch, run_swarm
 from hetswarm.protocol.errors import HetswarmError
 
+SETUP = __doc__.split("\n\n")[1]
 MIN_AVAILABLE_BYTES = 1 << 30
 """Below this much free memory the run is interrupted (the demo then stops every process it started)."""
 
@@ -118,14 +119,14 @@ def main() -> None:
         f"| coordinator counted a live client as left | {left_out} |",
         f"| peers reported unreachable and planned out | {', '.join(unreachable) or 'none'} |",
         f"| client records no DHT node accepted (log lines) | {unstored} |",
-        f"| estimated links the plan was priced on | {estimated.group(1) + ', ' + estimated.group(2) if estimated else 'none'} |",
+        f"| estimated links the plan was priced on | {', '.join(estimated.groups()) if estimated else 'none'} |",
         f"| step time measured, predicted | {outcome} |",
         f"| highest load average (1 min) | {memory.peak_load:.0f} on {os.cpu_count()} cores |",
     ]
     markdown = "\n".join([
         f"## The demo at {args.clients} clients",
         "",
-        f"Command: `{command_line()}` on the project's 2-core, 23 GiB machine. {' '.join(__doc__.split(chr(10) * 2)[1].split())}",
+        f"Command: `{command_line()}` on the project's 2-core, 23 GiB machine. {' '.join(SETUP.split())}",
         "",
         "| measure | value |",
         "|---|---|",

@@ -23,12 +23,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hivemind.utils import get_dht_time
 from typer.testing import CliRunner
 
 from hetswarm.client.cli import app
 from hetswarm.client.monitor.web import ProgressHistory, WebAddress, WebMonitor, serve_web
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
-from hetswarm.protocol.record_store import SCHEMAS, SwarmRecords
+from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Progress
 from tests.helpers.shared_swarm import CLIENTS, ObservedSwarm
 from tests.helpers.waiting import pids_left
@@ -95,17 +96,18 @@ def test_history_keeps_each_held_out_loss_once_by_the_step_it_was_measured_after
 
 
 class FlakyRecords(SwarmRecords):
-    """The real reader over no DHT: the first read of each key finds one Progress record, every later one times out."""
+    """The real reader over no DHT: the first read of each key answers (one Progress record under its key, nothing
+    under the others), every later one times out."""
 
     def __init__(self) -> None:
         super().__init__(dht=None, swarm=SWARM, timeout_s=0.5)
-        self.calls = 0
+        self.read_keys: set[str] = set()
 
-    async def read(self, field: str, **_) -> dict:
-        self.calls += 1
-        if self.calls > len(SCHEMAS):  # one read of each key
+    async def read_expiring(self, field: str, **_) -> dict:
+        if field in self.read_keys:
             raise TimeoutError
-        return {PEER: progress(7)} if field == "progress" else {}
+        self.read_keys.add(field)
+        return {PEER: (progress(7), get_dht_time() + 60.0)} if field == "progress" else {}
 
 
 def test_a_timed_out_read_keeps_the_last_state_and_bad_requests_are_answered():

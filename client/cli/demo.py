@@ -48,9 +48,9 @@ def demo(
     if plan not in _COMPARED_WITH:
         raise RejectedInput(f"--plan must be one of {', '.join(_COMPARED_WITH)}, got {plan!r}")
     placements, counts = (plan, _COMPARED_WITH[plan]) if compare else (plan,), (steps, compare_steps)
-    config = DemoConfig(clients=clients, dp=dp, stages=pp, model=model, placements=placements, steps=counts[:len(placements)],
-                        bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir, compression=compression,
-                        data_period=data_period, eval_every=eval_every)
+    config = DemoConfig(clients=clients, dp=dp, stages=pp, model=model, placements=placements,
+                        steps=counts[:len(placements)], bandwidth_scale=bandwidth_scale, seed=seed, workdir=workdir,
+                        compression=compression, data_period=data_period, eval_every=eval_every)
     try:
         _run_demo(config, console)
     except KeyboardInterrupt:

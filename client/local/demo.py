@@ -3,8 +3,8 @@
 A bootstrap node and N clients start as separate processes on 127.0.0.1, their links emulated from the DT-FM
 world-wide scenario (two clients per region or more, so a plan can keep each stage group inside a region). Once
 the clients measured their links (every pair up to 17 clients, the first round of sparse measurement past that:
-protocol/measurement_policy.py), a coordinator joins and publishes a plan; the clients train it while this process watches
-their Progress records through its own read-only DHT node. A plan is then replaced by the next one asked for
+protocol/measurement_policy.py), a coordinator joins and publishes a plan; the clients train it while this process
+watches their Progress records through its own read-only DHT node. A plan is then replaced by the next one asked for
 (`random` by default) on the same clients and links: the coordinator restarts with the same identity, so the
 clients' pinned key still holds and the versions keep growing. Each phase's measured step time is the median,
 over the peers, of (time of the last step − time of the first step after warm-up) / steps between them, from the
