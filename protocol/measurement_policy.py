@@ -5,8 +5,8 @@ plan, and more links than a record may hold. So each peer keeps to a budget `k` 
 
 1. the peers the plan in force has it exchange with (its pipeline neighbours and its stage group), up to half the
    budget: the links the plan's price and its step depend on;
-2. peers of its own site, up to a quarter of the budget: enough for the coordinator's estimate of the site's
-   links (the median of those measured, coordinator/swarm_view.py), while a crowded site does not take the budget;
+2. peers of its own site, up to a quarter of the budget: enough for the coordinator's estimate of the links
+   within the site (coordinator/link_estimate.py), while a crowded site does not take the budget;
 3. a random sample of the rest that rotates every epoch (one `reprobe_s`), so that, over time, measurements cover
    the swarm and the coordinator's estimates of the unmeasured links have something to stand on, as Petals'
    servers ping a few random candidates of the next blocks each round.
