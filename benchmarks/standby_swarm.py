@@ -1,0 +1,144 @@
+"""What a swarm of volunteers standing by costs this machine, process by process, once it has measured its links.
+
+A bootstrap node and N `hetswarm join` clients as separate processes on 127.0.0.1 (links emulated from the
+world-wide scenario, as the demo's), no coordinator: every client stands by, reads the records, heartbeats and
+probes, as the 16 standbys of a 32-client demo do. Once every record is in view and the first round of
+measurement is in (protocol/measurement_policy.py: expected_links), the CPU time and the proportional memory (PSS) of
+every process below this one are sampled over a window, by role: the client, its DHT process (hivemind runs the
+node in a forked child), their p2p daemons and torch's shared-memory manager. The CPU a standby takes decides how
+many clients one machine holds (benchmarks/demo_scale.py: 32 did not come up on 2 cores).
+
+Writes the "standby-swarm" section of benchmarks/RESULTS.md.
+
+    python benchmarks/standby_swarm.py [--clients 16] [--window 60] [--label "..."] [--section standby-swarm]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+
+from hetswarm.client.local.demo import DemoConfig, DemoWatch
+from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
+from hetswarm.client.peer.addresses import LOOPBACK
+from hetswarm.protocol.measurement_policy import expected_links
+from hetswarm.protocol.record_store import SwarmRecords
+
+SETUP = __doc__.split("\n\n")[1]
+ROLES = ("client", "client's DHT process", "p2p daemon", "torch_shm_manager", "bootstrap node")
+
+
+def role_of(process: psutil.Process, clients: set[int], bootstrap: int) -> str | None:
+    """Which of ROLES a descendant of this benchmark is (None: not one of the swarm's)."""
+    if process.pid in clients:
+        return "client"
+    if process.pid == bootstrap:
+        return "bootstrap node"
+    name = process.name()
+    if name == "p2pd":
+        return "p2p daemon"
+    if name == "torch_shm_manager":
+        return "torch_shm_manager"
+    parent = process.ppid()
+    if parent in clients:
+        return "client's DHT process"
+    return "bootstrap node" if parent == bootstrap else None
+
+
+async def wait_for_view(records: SwarmRecords, clients: int, timeout_s: float) -> int:
+    """Waits until every client's record is read with the first round of links in; the links measured then."""
+    started, wanted, watch = time.monotonic(), expected_links(clients), DemoWatch(records, coordinator_id="")
+    while time.monotonic() - started < timeout_s:
+        await watch.refresh()
+        if len(watch.peers) >= clients and watch.measured[0] >= wanted:
+            return watch.measured[0]
+        await asyncio.sleep(2.0)
+    raise TimeoutError(f"{clients} clients did not come up and measure {wanted} links within {timeout_s:.0f} s")
+
+
+def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, float]]:
+    """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end)."""
+    clients = {peer.process.pid for peer in swarm.peers if peer.name != "bootstrap"}
+    bootstrap = next(peer.process.pid for peer in swarm.peers if peer.name == "bootstrap")
+    processes = {}
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if (role := role_of(process, clients, bootstrap)) is not None:
+                times = process.cpu_times()
+                processes[process] = (role, times.user + times.system)
+        except psutil.NoSuchProcess:
+            continue
+    time.sleep(window_s)
+    found = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for process, (role, before) in processes.items():
+        try:
+            times, pss = process.cpu_times(), process.memory_full_info().pss
+        except psutil.NoSuchProcess:
+            continue
+        row = found[role]
+        row[0], row[1], row[2] = row[0] + 1, row[1] + times.user + times.system - before, row[2] + pss
+    return {role: tuple(row) for role, row in found.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of sampling, once the view is full")
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--label", default="", help="what this run measures, for its heading")
+    parser.add_argument("--section", default="standby-swarm", help="the RESULTS.md section it writes")
+    args = parser.parse_args()
+    config = DemoConfig(clients=args.clients)
+    load_before = os.getloadavg()[0]
+    with LocalSwarm("standby") as swarm:
+        swarm.start_bootstrap()
+        started = time.monotonic()
+        for name, region in config.sites():
+            swarm.start_client(name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
+                               str(config.bandwidth_scale), "--torch-threads", "1", "--ttl", "20")
+        node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
+                                 host_maddrs=(LOOPBACK,), client_mode=True)
+        dht = start_dht_for_process(node_config, identity_for(node_config))
+        try:
+            links = asyncio.run(wait_for_view(SwarmRecords(dht, swarm.swarm), args.clients, args.start_timeout))
+            view_s = time.monotonic() - started
+            by_role = sample(swarm, args.window)
+            load = os.getloadavg()[0]
+        finally:
+            dht.shutdown()
+    total_cpu = sum(cpu for _, cpu, _ in by_role.values())
+    rows = [f"| {role} | {by_role[role][0]} | {100 * by_role[role][1] / args.window:.1f} % | "
+            f"{100 * by_role[role][1] / args.window / max(args.clients, 1):.2f} % | "
+            f"{by_role[role][2] / 2**20 / by_role[role][0]:.0f} MB |" for role in ROLES if role in by_role]
+    per_client_pss = sum(pss for role, (_, _, pss) in by_role.items() if role != "bootstrap node") / args.clients
+    revision = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    markdown = "\n".join([
+        f"## A standing-by swarm of {args.clients} clients{': ' + args.label if args.label else ''}",
+        "",
+        f"Command: `{command_line()}` at {revision} on the project's {os.cpu_count()}-core machine. "
+        f"{' '.join(SETUP.split())}",
+        "",
+        f"Every record in view with {links} links measured after {view_s:.0f} s; then over {args.window:.0f} s: "
+        f"**{100 * total_cpu / args.window:.0f} % of one core in all, {100 * total_cpu / args.window / args.clients:.1f} % "
+        f"per client**; {per_client_pss / 2**20:.0f} MB PSS per client (its processes together); load average "
+        f"{load_before:.1f} before the start, {load:.1f} at the end.",
+        "",
+        "| role | processes | CPU, of one core | per client | PSS each |",
+        "|---|---|---|---|---|",
+        *rows,
+    ])
+    print(markdown)
+    write_section(args.section, markdown)
+
+
+if __name__ == "__main__":
+    main()
