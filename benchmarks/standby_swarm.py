@@ -1,12 +1,12 @@
 """What a swarm of volunteers standing by costs this machine, process by process, once it has measured its links.
 
 A bootstrap node and N `hetswarm join` clients as separate processes on 127.0.0.1 (links emulated from the
-world-wide scenario, as the demo's), no coordinator: every client stands by, reads the records, heartbeats and
-probes, as the 16 standbys of a 32-client demo do. Once every record is in view and the first round of
-measurement is in (protocol/measurement_policy.py: expected_links), the CPU time and the proportional memory (PSS) of
-every process below this one are sampled over a window, by role: the client, its DHT process (hivemind runs the
-node in a forked child), their p2p daemons and torch's shared-memory manager. The CPU a standby takes decides how
-many clients one machine holds (benchmarks/demo_scale.py: 32 did not come up on 2 cores).
+world-wide scenario, as the demo's), pinned to a coordinator that never starts: every client stands by, polls for
+its plan, reads the records, heartbeats and probes, as the 16 standbys of a 32-client demo do. Once every record is
+in view and the first round of measurement is in (protocol/measurement_policy.py: expected_links), the CPU time and
+the proportional memory (PSS) of every process of the swarm are sampled over a window, by role: the client, its DHT
+process (hivemind runs the node in a forked child), their p2p daemons and torch's shared-memory manager. The CPU a
+standby takes decides how many clients one machine holds (benchmarks/demo_scale.py).
 
 Writes the "standby-swarm" section of benchmarks/RESULTS.md.
 
@@ -27,7 +27,9 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
+from hetswarm.protocol.identity import peer_id_of
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.record_store import SwarmRecords
@@ -36,21 +38,14 @@ SETUP = __doc__.split("\n\n")[1]
 ROLES = ("client", "client's DHT process", "p2p daemon", "torch_shm_manager", "bootstrap node")
 
 
-def role_of(process: psutil.Process, clients: set[int], bootstrap: int) -> str | None:
-    """Which of ROLES a descendant of this benchmark is (None: not one of the swarm's)."""
-    if process.pid in clients:
-        return "client"
-    if process.pid == bootstrap:
+def role_of(process: psutil.Process, root: psutil.Process, is_bootstrap: bool) -> str:
+    """Which of ROLES a process of one peer's tree (`root`, the peer's own process) is."""
+    if is_bootstrap:
         return "bootstrap node"
-    name = process.name()
-    if name == "p2pd":
-        return "p2p daemon"
-    if name == "torch_shm_manager":
-        return "torch_shm_manager"
-    parent = process.ppid()
-    if parent in clients:
-        return "client's DHT process"
-    return "bootstrap node" if parent == bootstrap else None
+    if process.pid == root.pid:
+        return "client"
+    return {"p2pd": "p2p daemon", "torch_shm_manager": "torch_shm_manager"}.get(process.name(),
+                                                                                "client's DHT process")
 
 
 async def wait_for_view(records: SwarmRecords, clients: int, timeout_s: float) -> int:
@@ -65,15 +60,15 @@ async def wait_for_view(records: SwarmRecords, clients: int, timeout_s: float) -
 
 
 def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, float]]:
-    """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end)."""
-    clients = {peer.process.pid for peer in swarm.peers if peer.name != "bootstrap"}
-    bootstrap = next(peer.process.pid for peer in swarm.peers if peer.name == "bootstrap")
+    """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end), over the swarm's
+    processes and their descendants (not this benchmark's own DHT node)."""
     processes = {}
-    for process in psutil.Process(os.getpid()).children(recursive=True):
+    for peer in swarm.peers:
         try:
-            if (role := role_of(process, clients, bootstrap)) is not None:
+            root = psutil.Process(peer.process.pid)
+            for process in [root, *root.children(recursive=True)]:
                 times = process.cpu_times()
-                processes[process] = (role, times.user + times.system)
+                processes[process] = (role_of(process, root, peer.name == "bootstrap"), times.user + times.system)
         except psutil.NoSuchProcess:
             continue
     time.sleep(window_s)
@@ -100,10 +95,12 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with LocalSwarm("standby") as swarm:
         swarm.start_bootstrap()
+        coordinator_id = peer_id_of(load_identity(swarm.workdir / "coordinator.key").get_public_key())
         started = time.monotonic()
         for name, region in config.sites():
             swarm.start_client(name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
-                               str(config.bandwidth_scale), "--torch-threads", "1", "--ttl", "20")
+                               str(config.bandwidth_scale), "--coordinator", coordinator_id, "--torch-threads", "1",
+                               "--ttl", "20")
         node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
                                  host_maddrs=(LOOPBACK,), client_mode=True)
         dht = start_dht_for_process(node_config, identity_for(node_config))
@@ -129,7 +126,7 @@ def main() -> None:
         "",
         f"Every record in view with {links} links measured after {view_s:.0f} s; then over {args.window:.0f} s: "
         f"**{100 * total_cpu / args.window:.0f} % of one core in all, {100 * total_cpu / args.window / args.clients:.1f} % "
-        f"per client**; {per_client_pss / 2**20:.0f} MB PSS per client (its processes together); load average "
+        f"per client**; {per_client_pss / 2**20:.0f} MB PSS per client (its four processes together); load average "
         f"{load_before:.1f} before the start, {load:.1f} at the end.",
         "",
         "| role | processes | CPU, of one core | per client | PSS each |",

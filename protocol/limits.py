@@ -57,6 +57,12 @@ MAX_FRAME_BYTES = 1024 * 1024 * 1024
 DHT_TIMEOUT_S = 10.0
 """Deadline of one DHT read or store; hivemind's own calls have none."""
 
+DHT_BEAM_SIZE = 10
+"""Nodes a read or a store of a swarm key visits: twice the 5 replicas hivemind stores a record on (the nodes
+nearest the key, which both find), where its default beam (20, Kademlia's k) visits every node of a swarm of up to
+20 and each answers a read with every record under the key. A record a read misses stays in view until it expires
+(protocol/remembered_peers.py)."""
+
 MAX_RECORD_TTL_S = 3600.0
 """Longest a record may live in the DHT: every node refuses an expiration further ahead (protocol/signing.py)."""
 

@@ -22,7 +22,13 @@ from hetswarm.protocol.keys import (
     check_swarm_name,
     dht_key,
 )
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_RECORD_BYTES, MAX_RECORD_TTL_S, MAX_RECORDS_PER_KEY
+from hetswarm.protocol.limits import (
+    DHT_BEAM_SIZE,
+    DHT_TIMEOUT_S,
+    MAX_RECORD_BYTES,
+    MAX_RECORD_TTL_S,
+    MAX_RECORDS_PER_KEY,
+)
 from hetswarm.protocol.records import Assignment, LinkRequests, PeerId, PeerRecord, Progress, Refusals
 from hetswarm.protocol.signing import TIMESTAMP_FIELDS, owner_peer_id
 
@@ -126,7 +132,8 @@ class SwarmRecords:
         """As `read`, each record with the DHT time at which it expires unless its owner refreshes it."""
         schema = SCHEMAS[field]
         async with asyncio.timeout(self.timeout_s):
-            found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True)
+            found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True,
+                                       beam_size=DHT_BEAM_SIZE)
         if found is None or not isinstance(found.value, dict):
             return {}
         signed = [(owner, item) for subkey, item in found.value.items()
@@ -159,4 +166,5 @@ class SwarmRecords:
                 expiration_time=get_dht_time() + ttl_s,
                 subkey=owner_subkey(self.private_key),
                 return_future=True,
+                beam_size=DHT_BEAM_SIZE,
             )
