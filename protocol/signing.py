@@ -37,7 +37,7 @@ TIMESTAMP_FIELDS = {PEERS_FIELD: "updated_at", ASSIGNMENT_FIELD: "issued_at", PR
 REPUBLISHED = {ASSIGNMENT_FIELD}
 """Record kinds stored again unchanged, so their timestamp may be older than one lifetime (a plan in force)."""
 MAX_REMEMBERED_RECORDS = 8192
-"""Digests of passed records a node keeps (least recently used out first; about a megabyte): more than the records
+"""Digests of passed records a node keeps (least recently used out first; about two megabytes): more than the records
 of all five swarm keys at their cap (MAX_RECORDS_PER_KEY)."""
 
 
@@ -164,11 +164,12 @@ class PassedRecords(RecordValidatorBase):
 
     A read of a swarm key visits every node of the key's beam (`latest=True`, protocol/record_store.py) and each
     answers with its copy of every record under the key, checked again on arrival; between two heartbeats a node
-    thus checks the same records many times over (signature, owner, lifetime, schema: about half the CPU of a
-    standing-by client's DHT process, benchmarks/standby_swarm.py). A verdict of these validators depends on the
-    record's four fields alone (the signature covers all of them), and the only check that depends on the time,
-    LifetimeValidator's, only gets easier to pass; so a record that passed once passes again, and is remembered by
-    a digest of its fields. Refusals are not remembered: a record dated just ahead of this clock passes later."""
+    thus checked the same records many times over (signature, owner, lifetime, schema: 16 standing-by clients' DHT
+    processes took 143 % of a core, 25 % with this memory; benchmarks/standby_swarm.py). A verdict of these
+    validators depends on the record's four fields alone (the signature covers all of them), and the only check that
+    depends on the time, LifetimeValidator's, only gets easier to pass; so a record that passed once passes again,
+    and is remembered by a 256-bit digest of its fields. Refusals are not remembered: a record dated just ahead of
+    this clock passes later."""
 
     def __init__(self, validators: Iterable[RecordValidatorBase], max_remembered: int = MAX_REMEMBERED_RECORDS):
         self._chain = CompositeValidator(validators)
@@ -176,7 +177,7 @@ class PassedRecords(RecordValidatorBase):
         self._max_remembered = max_remembered
 
     def validate(self, record: DHTRecord) -> bool:
-        digest = hashlib.blake2b(MSGPackSerializer.dumps(dataclasses.astuple(record)), digest_size=16).digest()
+        digest = hashlib.blake2b(MSGPackSerializer.dumps(dataclasses.astuple(record)), digest_size=32).digest()
         if digest in self._passed:
             self._passed.move_to_end(digest)
             return True
