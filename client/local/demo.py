@@ -88,8 +88,9 @@ class DemoConfig:
     seed: int = 0
     time_budget_s: float = 2.0
     workdir: Path | None = None
-    start_timeout_s: float = 180.0
-    """For the clients to come up and measure every link, and for each plan to reach its first step."""
+    start_timeout_s: float | None = None
+    """For the clients to come up and measure their links, and for each plan to reach its first step; None: 180 s,
+    and 20 s more for each client past 8 (on 2 cores, 32 clients took 4.5 min to come up and measure)."""
     step_timeout_s: float = 60.0
     """Most seconds any one step may take before the run is given up."""
     compression: str = DEMO_COMPRESSION
@@ -124,6 +125,11 @@ class DemoConfig:
         if min(self.steps) < 2 or self.warmup_steps < 0 or self.bandwidth_scale <= 0 or self.eval_every < 0:
             raise ConfigError(f"need >= 2 steps per plan, warmup >= 0, bandwidth_scale > 0, eval_every >= 0; got "
                              f"{self.steps}, {self.warmup_steps}, {self.bandwidth_scale}, {self.eval_every}")
+
+    @property
+    def start_wait_s(self) -> float:
+        """`start_timeout_s`, or its default for this many clients."""
+        return self.start_timeout_s if self.start_timeout_s is not None else 180.0 + 20.0 * max(0, self.clients - 8)
 
     @property
     def pp(self) -> int:
@@ -239,7 +245,7 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
     n = config.clients
     watch.status = f"{placement} run: clients measure their links"
     await _wait(watch, lambda: len(watch.peers) == n and watch.measured[0] >= expected_links(n),
-                config.start_timeout_s, f"bring up {n} clients and measure their links", on_update)
+                config.start_wait_s, f"bring up {n} clients and measure their links", on_update)
     watch.status = f"{placement} run: the coordinator plans"
     swarm.start(
         "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,
@@ -249,7 +255,7 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
         "--eval-every", str(config.eval_every),
         *(("--data-period", str(config.data_period)) if config.data_period else ()))
-    await _wait(watch, lambda: watch.assignment is not None, config.start_timeout_s, f"publish a {placement} plan",
+    await _wait(watch, lambda: watch.assignment is not None, config.start_wait_s, f"publish a {placement} plan",
                 on_update)
     assignment = watch.assignment
     phase = PhaseResult(placement=placement, version=assignment.version, first_step=assignment.step,
@@ -260,7 +266,7 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
     last = assignment.step + config.warmup_steps + steps
     reached = lambda: sum(1 for r in watch.steps_of(phase.version).values() if r[-1].step >= last) == \
         len(assignment.roles)  # standbys do not train
-    await _wait(watch, reached, config.start_timeout_s + config.step_timeout_s * (last - assignment.step),
+    await _wait(watch, reached, config.start_wait_s + config.step_timeout_s * (last - assignment.step),
                 f"train {last - assignment.step} steps of the {placement} plan", on_update)
     _measure(phase, watch, assignment, config.warmup_steps)
     watch.status = f"{placement} run: done"
