@@ -27,10 +27,10 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch
 from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
 from hetswarm.protocol.identity import peer_id_of
-from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.record_store import SwarmRecords
 
