@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import hetswarm_command
 from hetswarm.protocol.errors import HetswarmError
 

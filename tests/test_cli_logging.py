@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import hetswarm_command
 from hetswarm.client.peer.addresses import LOOPBACK
 

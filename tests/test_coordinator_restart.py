@@ -20,7 +20,7 @@ import pytest
 from hivemind.utils import get_dht_time
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.assignment_follower import AssignmentFollower

@@ -17,7 +17,7 @@ from hivemind.utils import get_dht_time
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.local.swarm import LocalSwarm
 from hetswarm.client.monitor.render import render
 from hetswarm.client.peer.hivemind_compat import load_identity

@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.cli.doctor import gpu_cache_check
 from hetswarm.client.local.swarm import hetswarm_command
 from hetswarm.client.peer.addresses import LOOPBACK

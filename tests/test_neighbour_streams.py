@@ -72,8 +72,10 @@ async def _refuse_then_accept(fault: Fault) -> str:
         if step != 0:
             receiver.advance_to(1)  # step 2 is inside the window now, and the refused frame must not be there
             receiver.frame_timeout_s = 0.2
-            with pytest.raises(NeighbourSilent):
+            with pytest.raises(NeighbourSilent) as silent:
                 await receiver.receive("activations", step=step, micro_batch=0)
+            # its sender is to blame for the attempt, but a slow or stuck neighbour is not an unreachable one
+            assert (silent.value.cause, silent.value.peers) == (str(neighbour_p2p.peer_id), ())
         return str(refused.value)
 
 

@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.protocol.network import RejectedInput
 
 runner = CliRunner()

@@ -26,7 +26,7 @@ import pytest
 from hivemind.utils import get_dht_time
 from typer.testing import CliRunner
 
-from hetswarm.client.cli import app
+from hetswarm.client.cli.app import app
 from hetswarm.client.monitor.web import ProgressHistory, WebAddress, WebMonitor, serve_web
 from hetswarm.protocol.errors import HetswarmError, RejectedInput
 from hetswarm.protocol.record_store import SwarmRecords

@@ -18,7 +18,7 @@ import sys
 
 from hetswarm.client.cli.options import run
 
-__all__ = ["TEST_PLUGIN_ENV", "app", "main"]
+__all__ = ["TEST_PLUGIN_ENV", "main"]
 
 TEST_PLUGIN_ENV = "HETSWARM_TEST_PLUGIN"
 """The one door for tests into a `hetswarm` process they start (tests/helpers/process_faults.py): ``module:function``,
@@ -37,13 +37,3 @@ def main() -> None:
 
         run_full_app()
 
-
-def __getattr__(name: str):
-    """`app` (the full typer app, for tests and scripts) is loaded on first use; it then shadows the submodule of
-    the same name, as an eager `from .app import app` here would."""
-    if name == "app":
-        from hetswarm.client.cli.app import app
-
-        globals()["app"] = app
-        return app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,8 +28,9 @@ class StageError(HetswarmError):
     def __init__(self, message: str, *, peers: Iterable[object] = (), cause: object | None = None) -> None:
         super().__init__(message)
         self.peers: tuple[str, ...] = tuple(str(peer) for peer in peers)
-        """The peers this failure found unreachable or silent (a neighbour that cannot be dialled or sent nothing,
-        members whose commit vote never came): the trainer reports them to the coordinator at once."""
+        """The peers this failure found unreachable (a neighbour that cannot be dialled, members whose commit vote
+        never came): the trainer reports them to the coordinator at once. A neighbour that only sent nothing in time
+        is a cause, not unreachable (NeighbourSilent)."""
         self.cause: str | None = str(cause) if cause is not None else (self.peers[0] if self.peers else None)
         """The member whose frame, part or average failed this attempt, which this peer's failure vote names
         (client/training/step_commit.py); a peer that answers but refused or sent something bad is a cause, not
@@ -47,7 +48,9 @@ class FrameRefused(StageError):
 
 
 class NeighbourSilent(StageError):
-    """A neighbour's frame for the current step did not arrive before the deadline."""
+    """A neighbour's frame for the current step did not arrive before the deadline. It names the neighbour as the
+    cause and reports nobody unreachable: in a pipeline, every stage after a stuck one falls silent too, and the
+    coordinator leaves out whoever reports a peer that answers its ping (coordinator/reports.py)."""
 
 
 class PartialAllReduce(StageError):

@@ -321,7 +321,8 @@ class NeighbourStreams(Served):
         it has moved on without sending it (its evaluation failed), and this stage must not hold up that step.
 
         Raises:
-            NeighbourSilent: it did not arrive within the frame timeout, or its sender moved on (naming no one).
+            NeighbourSilent: it did not arrive within the frame timeout, or its sender moved on; either names the
+                sender as its cause, never as unreachable (the class says why).
         """
         sender = self.plan.next if kind == "gradients" else self.plan.previous
         moved_on = ("activations", step + 1, 0, 0) if kind == "held-out" else None
@@ -330,7 +331,7 @@ class NeighbourStreams(Served):
                                                     unless=moved_on)
         except TimeoutError:
             raise NeighbourSilent(f"no {kind} of step {step} (attempt {attempt}), micro-batch {micro_batch} from {sender} "
-                                  f"within {self.frame_timeout_s} s", peers=[sender]) from None
+                                  f"within {self.frame_timeout_s} s", cause=sender) from None
         if tensor is None:
             raise NeighbourSilent(f"{sender} moved on to step {step + 1} without sending {kind} of step {step}, "
                                   f"micro-batch {micro_batch}", cause=sender)
