@@ -5,8 +5,9 @@ world-wide scenario, as the demo's), pinned to a coordinator that never starts: 
 its plan, reads the records, heartbeats and probes, as the 16 standbys of a 32-client demo do. Once every record is
 in view and the first round of measurement is in (protocol/measurement_policy.py: expected_links), the CPU time and
 the proportional memory (PSS) of every process of the swarm are sampled over a window, by role: the client, its DHT
-process (hivemind runs the node in a forked child), their p2p daemons and torch's shared-memory manager. The CPU a
-standby takes decides how many clients one machine holds (benchmarks/demo_scale.py).
+process (hivemind runs the node in a forked child), their p2p daemons and torch's shared-memory manager (none since
+client/peer/process_env.py). The CPU a standby takes decides how many clients one machine holds
+(benchmarks/demo_scale.py).
 
 Writes the "standby-swarm" section of benchmarks/RESULTS.md.
 
@@ -97,10 +98,8 @@ def main() -> None:
         swarm.start_bootstrap()
         coordinator_id = peer_id_of(load_identity(swarm.workdir / "coordinator.key").get_public_key())
         started = time.monotonic()
-        for name, region in config.sites():
-            swarm.start_client(name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
-                               str(config.bandwidth_scale), "--coordinator", coordinator_id, "--torch-threads", "1",
-                               "--ttl", "20")
+        for index, (name, region) in enumerate(config.sites()):
+            swarm.start_client(name, *config.client_args(index, region, coordinator_id))
         node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
                                  host_maddrs=(LOOPBACK,), client_mode=True)
         dht = start_dht_for_process(node_config, identity_for(node_config))
@@ -126,7 +125,7 @@ def main() -> None:
         "",
         f"Every record in view with {links} links measured after {view_s:.0f} s; then over {args.window:.0f} s: "
         f"**{100 * total_cpu / args.window:.0f} % of one core in all, {100 * total_cpu / args.window / args.clients:.1f} % "
-        f"per client**; {per_client_pss / 2**20:.0f} MB PSS per client (its four processes together); load average "
+        f"per client**; {per_client_pss / 2**20:.0f} MB PSS per client (its processes together); load average "
         f"{load_before:.1f} before the start, {load:.1f} at the end.",
         "",
         "| role | processes | CPU, of one core | per client | PSS each |",

@@ -32,3 +32,16 @@ def test_the_wait_for_the_clients_grows_with_them_unless_given():
     assert DemoConfig(clients=8).start_wait_s == 180.0
     assert DemoConfig(clients=32, dp=4, stages=4).start_wait_s >= 4.5 * 60 * 1.5
     assert DemoConfig(clients=32, dp=4, stages=4, start_timeout_s=60.0).start_wait_s == 60.0
+
+
+def test_each_client_joins_pinned_and_emulated_at_its_own_site_and_speed():
+    config = DemoConfig(clients=8, emulate_tflops=(0.004, 0.001))
+    args = [config.client_args(index, region, "QmCoordinator") for index, (_, region) in enumerate(config.sites())]
+
+    def option(client_args: list[str], name: str) -> str:
+        return client_args[client_args.index(name) + 1]
+
+    assert [option(a, "--site") for a in args] == [region for _, region in config.sites()]
+    assert [option(a, "--emulate-tflops") for a in args] == ["0.004", "0.001"] * 4
+    assert {option(a, "--coordinator") for a in args} == {"QmCoordinator"}
+    assert "--emulate-tflops" not in DemoConfig(clients=8).client_args(0, REGIONS[0], "QmCoordinator")

@@ -93,3 +93,36 @@ def test_bad_frame_is_refused_with_its_reason_and_the_stage_keeps_serving(fault,
     else:
         assert fault.value in reason
         assert len(warnings) == 1 and "Refused a frame" in warnings[0] and fault.value in warnings[0]
+
+
+async def _deliver_and_tell(kind: str) -> tuple[list[tuple[str, int, float]], int, str]:
+    """One frame each way between two stages; what the sender's `on_sent` heard, the frame's bytes, the receiver."""
+    async with connected_p2ps(2) as (first_p2p, second_p2p):
+        heard: list[tuple[str, int, float]] = []
+        first = NeighbourStreams(first_p2p, _plan(next=second_p2p.peer_id), namespace=NAMESPACE, frame_timeout_s=5,
+                                 on_sent=lambda *sent: heard.append(sent))
+        second = NeighbourStreams(second_p2p, _plan(previous=first_p2p.peer_id), namespace=NAMESPACE,
+                                  frame_timeout_s=5)
+        for streams in (first, second):
+            await streams.attach()
+        await first.wait_for([second_p2p.peer_id], timeout_s=20)
+        await second.wait_for([first_p2p.peer_id], timeout_s=20)
+        tensor = torch.randn(SHAPE)
+        if kind == "refused":
+            with pytest.raises(FrameRefused):
+                await first.send("activations", tensor, step=2, micro_batch=0)  # outside the receiver's window
+        else:
+            await first.send("activations", tensor, step=0, micro_batch=0)
+            torch.testing.assert_close(await second.receive("activations", step=0, micro_batch=0), tensor)
+        return heard, tensor.numel() * tensor.element_size(), str(second_p2p.peer_id)
+
+
+@pytest.mark.timeout(60)
+def test_a_delivered_frame_is_told_with_its_bytes_on_the_wire_and_a_refused_one_is_not():
+    heard, tensor_bytes, receiver = asyncio.run(_deliver_and_tell("delivered"))
+    assert len(heard) == 1, heard
+    peer, n_bytes, seconds = heard[0]
+    # fp32 on the wire: the tensor's bytes, plus the header and framing (under a kilobyte for this frame)
+    assert peer == receiver and tensor_bytes < n_bytes < tensor_bytes + 1024 and 0 < seconds < 5, heard
+    heard, _, _ = asyncio.run(_deliver_and_tell("refused"))
+    assert heard == []  # a refusal says nothing of what the link carries

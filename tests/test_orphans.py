@@ -58,6 +58,7 @@ def test_a_sigkilled_client_takes_its_dht_process_and_p2pd_with_it(tmp_path):
         client.wait_for(_JOINED, timeout_s=90)
         tree, alive = kill_and_watch_tree(client)
         assert "p2pd" in tree and len(tree) >= 2, tree  # and the DHT process
+        assert "torch_shm_manager" not in tree, tree  # 57 MB PSS a peer (client/peer/process_env.py)
         assert alive == [], f"still running {GONE_WITHIN_S:.0f} s after SIGKILL: {alive}"
         assert bootstrap.process.poll() is None  # only the killed peer's tree went
 

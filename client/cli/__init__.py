@@ -17,6 +17,7 @@ Nothing outside this room imports it, but for the tests' one door into a process
 import sys
 
 from hetswarm.client.cli.options import run
+from hetswarm.client.peer.process_env import prepare_process_environment
 
 __all__ = ["TEST_PLUGIN_ENV", "main"]
 
@@ -28,6 +29,7 @@ called before a command of the full app runs. Unset (always, outside tests), not
 def main() -> None:
     """`hetswarm`: `schedule` runs on an app of its own that loads neither torch nor hivemind (it starts at once);
     every other command loads the full app."""
+    prepare_process_environment()
     if sys.argv[1:2] == ["schedule"]:
         from hetswarm.client.cli.schedule import schedule_app
 

@@ -149,6 +149,8 @@ def join(node_config: NodeConfig, volunteer_config: VolunteerConfig, *, device: 
                 volunteer = Volunteer(node, hardware, volunteer_config,
                                       on_assignment=trainer.follow if trainer else None,
                                       checkpoints=trainer.checkpoint_infos if keeps_checkpoints else None)
+                if trainer is not None:  # the frames it sends update the links it measures, between probes
+                    trainer.on_frame_sent = volunteer.prober.observe
                 if keeps_checkpoints:  # the coordinator resumes and rolls back from what our record lists
                     trainer.checkpoints.on_saved = lambda: volunteer.publish_soon("checkpoint")
                 if metrics_server is not None:

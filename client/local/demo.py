@@ -145,6 +145,14 @@ class DemoConfig:
         return [(f"{self.regions[i // per_region].lower()}-{i % per_region + 1}", self.regions[i // per_region])
                 for i in range(self.clients)]
 
+    def client_args(self, index: int, region: str, coordinator_id: str) -> list[str]:
+        """`hetswarm join` options of client `index` (of `sites`), in `region`, pinned to `coordinator_id`."""
+        speed = (["--emulate-tflops", str(self.emulate_tflops[index % len(self.emulate_tflops)])]
+                 if self.emulate_tflops else [])
+        return ["--emulate", self.scenario, "--site", region, "--bandwidth-scale", str(self.bandwidth_scale),
+                "--coordinator", coordinator_id, "--seed", str(self.seed), "--torch-threads", "1", "--ttl", "20",
+                *speed]
+
 
 @dataclass
 class PhaseResult:
@@ -329,12 +337,7 @@ def run_swarm(config: DemoConfig, *, on_update: Callable[[DemoWatch], None] = la
             for index, (name, region) in enumerate(config.sites()):
                 load_identity(keys / f"{name}.key")
                 shutil.copy(keys / f"{name}.key", swarm.workdir / f"{name}.key")  # the same peer ids every run
-                speed = (("--emulate-tflops", str(config.emulate_tflops[index % len(config.emulate_tflops)]))
-                         if config.emulate_tflops else ())
-                swarm.start_client(
-                    name, "--emulate", config.scenario, "--site", region, "--bandwidth-scale",
-                    str(config.bandwidth_scale), "--coordinator", coordinator_id, "--seed", str(config.seed),
-                    "--torch-threads", "1", "--ttl", "20", *speed)
+                swarm.start_client(name, *config.client_args(index, region, coordinator_id))
             node_config = NodeConfig(swarm=swarm.swarm, initial_peers=(swarm.initial_peers,),
                                      host_maddrs=(LOOPBACK,), client_mode=True)
             dht = start_dht_for_process(node_config, identity_for(node_config))

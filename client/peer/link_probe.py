@@ -5,6 +5,11 @@ other transfers only ever add time, so the fastest ping (as BBR's min-RTT filter
 ones that show the link itself. On a loaded 2-core box the median of 5 pings read up to 27 % high
 (benchmarks/RESULTS.md, probe section). A probe is bounded in bytes and time so that probing never
 crowds out training, and the receiving side refuses payloads over its own limit.
+
+The plan's own traffic is timed too (`carried`): a frame is a payload the link carried anyway, and by the same rule
+only one faster than the probe's says something new, so it can raise a measurement until the next probe, never
+lower it. A short probe reads a long fat link low (its payload ends before the sender's window has grown); a
+training peer's frames, megabytes each, do not.
 """
 from __future__ import annotations
 
@@ -114,6 +119,20 @@ async def _stream_time(stub, n_bytes: int) -> float:
     if ack.metadata != str(n_bytes).encode():
         raise ConnectionError(f"the peer did not absorb a {n_bytes}-byte probe: {ack.metadata[:64]!r}")
     return elapsed
+
+
+def carried(link: LinkMeasurement, n_bytes: int, seconds: float) -> LinkMeasurement:
+    """`link` after a message of `n_bytes` went over it and was answered in `seconds` (module docstring).
+
+    The answer takes at least an RTT, so `seconds / 2` bounds the one-way latency; the time left after the probe's
+    RTT is the payload's, counted only when it is at least half of `seconds` (else the figure is mostly the
+    latency's error)."""
+    latency_ms = min(link.latency_ms, seconds / 2 * MS_PER_S)
+    payload_s = seconds - 2 * latency_ms / MS_PER_S
+    bandwidth_mbps = link.bandwidth_mbps
+    if payload_s >= seconds / 2 > 0:
+        bandwidth_mbps = max(bandwidth_mbps, min(n_bytes * 8 / payload_s / BITS_PER_MBIT, MAX_BANDWIDTH_MBPS))
+    return link.copy(update={"latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps})
 
 
 async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeConfig = ProbeConfig()) -> LinkMeasurement:

@@ -9,7 +9,7 @@ epoch at most `max_links` other peers are probed, also while the view grows and 
 partners and the links the coordinator asks for (at most half the budget at any time) are probed besides, so that a
 new plan's links are measured at once, not an epoch later. A peer whose probe failed (crashed, until its record
 expires; or serving no probe handler) is tried again only after an exponential backoff, so that it never makes the
-prober spin.
+prober spin. Between probes, the frames this peer sends over a link it measures update that link (`observe`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from hetswarm.client.peer.link_probe import measure_link
+from hetswarm.client.peer.link_probe import carried, measure_link
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.keys import probe_namespace, short_id
 from hetswarm.protocol.measurement_policy import links_to_measure
@@ -69,6 +69,13 @@ class LinkProber:
         measurement stays until newer ones push it out)."""
         newest = sorted(self.links.items(), key=lambda item: item[1].measured_at, reverse=True)
         return dict(newest[:self.config.max_links])
+
+    def observe(self, peer: str, n_bytes: int, seconds: float) -> None:
+        """A message of the plan's traffic (a frame) went to `peer`: a link this peer measures takes what it showed
+        (client/peer/link_probe.py, `carried`); the other end measures the others, and an unmeasured link has no
+        RTT to take off yet."""
+        if peer in self.links:
+            self.links[peer] = carried(self.links[peer], n_bytes, seconds)
 
     def ask(self, requests: LinkRequests | None) -> bool:
         """Takes the coordinator's current requests; whether they changed what we are asked for."""

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import (
     AsyncIterator,  # ServicerBase recognises stream arguments by typing.AsyncIterator only
@@ -47,11 +47,14 @@ from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, Fram
 from hetswarm.protocol.limits import MAX_FRAME_BYTES
 from hetswarm.protocol.wire_format import Codec, WireFormat
 
-__all__ = ["ActivationServicer", "StreamPlan", "NeighbourStreams", "send_frame"]
+__all__ = ["ActivationServicer", "LinkObserver", "NeighbourStreams", "StreamPlan", "send_frame"]
 
 logger = logging.getLogger(__name__)
 
 Ping = Literal["answered", "late", "failed"]
+
+LinkObserver = Callable[[str, int, float], None]
+"""Told of each frame delivered: the peer it went to, its bytes on the wire, the seconds until its answer."""
 
 FrameKey = tuple[FrameKind, int, int, int]
 """(kind, step, attempt, micro_batch); the pipeline is fixed per receiver, so it is checked rather than keyed."""
@@ -229,9 +232,10 @@ class ActivationServicer(ServicerBase):
 async def send_frame(
     p2p: P2P, peer: PeerID, header: FrameHeader, tensor: torch.Tensor | runtime_pb2.Tensor, *, namespace: str,
     timeout_s: float, stub=None,
-) -> None:
+) -> tuple[int, float]:
     """Delivers one frame to ``peer``'s ActivationServicer (``tensor`` as encode_frame takes it), sending it again
-    while the outcome is unknown.
+    while the outcome is unknown. Returns the bytes on the wire and the seconds the delivering try took until the
+    answer: what the link carried (client/peer/link_probe.py, `carried`).
 
     Raises:
         FrameRefused: the peer refused the frame (its reason is in the message), could not be reached, did not
@@ -241,6 +245,7 @@ async def send_frame(
     stub = stub or ActivationServicer.get_stub(p2p, peer, namespace=namespace)
     messages = encode_frame(header, tensor)
     for tried in range(1, _SEND_TRIES + 1):
+        started = time.perf_counter()
         try:
             response = await stub.rpc_push(as_aiter(*messages), timeout=timeout_s)
         except TimeoutError:
@@ -259,14 +264,17 @@ async def send_frame(
         if response.metadata:
             verdict = response.metadata.decode(errors="replace")
             raise FrameRefused(f"{peer} refused {what}: {verdict}", cause=peer, verdict=verdict)
-        return
+        return sum(message.ByteSize() for message in messages), time.perf_counter() - started
 
 
 class NeighbourStreams(Served):
     """The worker's side of its two pipeline links: send to a neighbour, take what the neighbours sent."""
 
-    def __init__(self, p2p: P2P, plan: StreamPlan, *, namespace: str, frame_timeout_s: float) -> None:
+    def __init__(self, p2p: P2P, plan: StreamPlan, *, namespace: str, frame_timeout_s: float,
+                 on_sent: LinkObserver | None = None) -> None:
+        """`on_sent` hears of every frame delivered: the neighbour's id, its bytes and seconds (`send_frame`)."""
         self.p2p, self.plan, self.namespace, self.frame_timeout_s = p2p, plan, namespace, frame_timeout_s
+        self.on_sent = on_sent
         self.servicer = ActivationServicer(plan, frame_timeout_s=frame_timeout_s)
         self.deltas = plan.delta_buffers(plan.next)
         """The sending end of the activation link to the next stage, when the plan sends deltas."""
@@ -297,12 +305,14 @@ class NeighbourStreams(Served):
                                         step=step, attempt=attempt, micro_batch=micro_batch,
                                         pipeline=self.plan.pipeline, base_crc=base_crc)
         try:
-            await send_frame(self.p2p, peer, header, sent, namespace=self.namespace,
-                             timeout_s=self.frame_timeout_s, stub=self._stub(peer, header))
+            n_bytes, seconds = await send_frame(self.p2p, peer, header, sent, namespace=self.namespace,
+                                                timeout_s=self.frame_timeout_s, stub=self._stub(peer, header))
         except FrameRefused as e:
             if base_crc is not None and e.verdict is not None and e.verdict.endswith(RESEND_WHOLE):
                 self.deltas.forget(sample)  # the receiver's copy differs: the step's retry sends it whole
             raise
+        if self.on_sent is not None:
+            self.on_sent(peer.to_base58(), n_bytes, seconds)
 
     def commit(self, step: int, attempt: int) -> None:
         """The plan committed (step, attempt): the activation copies it made at both links take effect."""

@@ -72,7 +72,8 @@ class PlanSession:
         worker = self.worker = await start_stage(  # cancelled, it closes what it built (stage_start.py)
             role, trainer.node.private_key, p2p=trainer.node.p2p, swarm=trainer.node.config.swarm,
             device=trainer.device, data=trainer.data, seed=trainer.seed, config=trainer.config.stage,
-            emulated_tflops=trainer.config.emulated_tflops, model_dir=trainer.config.model_dir)
+            emulated_tflops=trainer.config.emulated_tflops, model_dir=trainer.config.model_dir,
+            on_sent=trainer.on_frame_sent)
         if state is not None:
             state.apply(worker.module, worker.optimizer)
         trainer.store.remember(await asyncio.to_thread(StageState.capture, worker.module, worker.optimizer,

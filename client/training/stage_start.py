@@ -15,7 +15,7 @@ from hetswarm.client.training.data import TokenSource, sequences_per_micro_batch
 from hetswarm.client.training.errors import StageError
 from hetswarm.client.training.group_allreduce import StageGroup
 from hetswarm.client.training.model import StageModule, build_stage
-from hetswarm.client.training.neighbour_streams import NeighbourStreams, StreamPlan
+from hetswarm.client.training.neighbour_streams import LinkObserver, NeighbourStreams, StreamPlan
 from hetswarm.client.training.replica_sync import ReplicaSync
 from hetswarm.client.training.stage_passes import StagePasses
 from hetswarm.client.training.stage_worker import StageConfig, StageWorker
@@ -52,7 +52,7 @@ def _eval_every(role: StageRole, data: TokenSource) -> int:
 async def start_stage(
     role: StageRole, identity: RSAPrivateKey, *, p2p: P2P, swarm: str, device: torch.device | str,
     data: TokenSource, seed: int, config: StageConfig = StageConfig(), emulated_tflops: float | None = None,
-    model_dir: Path | None = None,
+    model_dir: Path | None = None, on_sent: LinkObserver | None = None,
 ) -> StageWorker:
     """Builds this peer's stage of the plan (`role`, protocol/stage_role.py), serving its neighbour streams and its
     group, once all its peers answer.
@@ -60,7 +60,8 @@ async def start_stage(
     `identity` is this peer's key (``p2p``'s peer id is its, and `role`'s): it signs the peer's commit votes. Every
     peer of the swarm must pass the same ``swarm``, ``data``, ``seed`` and ``config``: replicas start from identical
     weights and the two ends of a pipeline draw the same micro-batches. A model that starts from a Hugging Face
-    folder's weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy.
+    folder's weights (ModelConfig.init_digest) takes them from ``model_dir``, this peer's copy. ``on_sent`` hears
+    of every frame this stage delivers (client/training/neighbour_streams.py).
 
     Raises:
         StageError: ``identity`` is not the role's peer, its peers did not come up in time, ``data`` is not
@@ -83,7 +84,8 @@ async def start_stage(
                              model_config.d_model), data_period=model_config.data_period)
     if role.wire.activation_deltas:
         check_deltas(plan, config)
-    streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s)
+    streams = NeighbourStreams(p2p, plan, namespace=stage_namespace(swarm), frame_timeout_s=config.frame_timeout_s,
+                               on_sent=on_sent)
     members = [PeerID.from_base58(peer) for peer in role.group]  # stage replicas
     tag = round_tag(swarm, role.version, role.stage)
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,

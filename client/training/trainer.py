@@ -30,6 +30,7 @@ from hetswarm.client.peer.node import SwarmNode
 from hetswarm.client.training.checkpoints import CheckpointDir, CheckpointWriter
 from hetswarm.client.training.data import TokenSource
 from hetswarm.client.training.errors import StageError
+from hetswarm.client.training.neighbour_streams import LinkObserver
 from hetswarm.client.training.plan_session import PlanSession
 from hetswarm.client.training.progress_report import ProgressBuilder, ProgressPublisher
 from hetswarm.client.training.stage_worker import StageConfig, StepReport
@@ -132,6 +133,8 @@ class Trainer:
         self._server = StateServer(node.p2p, self.store, namespace=state_namespace(node.config.swarm))
         self._serving = False
         self.checkpoints = CheckpointWriter(checkpoints) if checkpoints is not None else None
+        self.on_frame_sent: LinkObserver | None = None
+        """Told of every frame a stage of this peer delivers (the Volunteer's link measurements take them)."""
 
     async def serve(self) -> None:
         """Starts serving the states this peer holds (its checkpoints, before any plan: a swarm that restarts

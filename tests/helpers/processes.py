@@ -19,8 +19,9 @@ def reap_children(timeout_s: float = 5.0) -> list[int]:
 
 
 def _kept(me: psutil.Process, child: psutil.Process) -> bool:
-    """torch's shared-memory manager (hivemind sets the file_system sharing strategy) serves this process until it
-    exits: killing it makes the interpreter abort at exit with "Broken pipe". The forkserver
+    """torch's shared-memory manager (hivemind sets the file_system sharing strategy in a process, such as this
+    one, that imports it before hetswarm's entry points set another: client/peer/process_env.py) serves this
+    process until it exits: killing it makes the interpreter abort at exit with "Broken pipe". The forkserver
     (client/local/preimported.py) starts the next test's processes; its children are reaped like any other; and
     multiprocessing's resource tracker, killed, is started again with a warning that resources may leak."""
     servers = (multiprocessing.forkserver._forkserver._forkserver_pid,
