@@ -12,12 +12,14 @@ client/peer/process_env.py). The CPU a standby takes decides how many clients on
 Writes the "standby-swarm" section of benchmarks/RESULTS.md.
 
     python benchmarks/standby_swarm.py [--clients 16] [--window 60] [--label "..."] [--section standby-swarm]
+                                       [--preimported]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import multiprocessing.forkserver
 import os
 import subprocess
 import time
@@ -36,7 +38,7 @@ from hetswarm.protocol.measurement_policy import expected_links
 from hetswarm.protocol.record_store import SwarmRecords
 
 SETUP = __doc__.split("\n\n")[1]
-ROLES = ("client", "client's DHT process", "p2p daemon", "torch_shm_manager", "bootstrap node")
+ROLES = ("client", "client's DHT process", "p2p daemon", "torch_shm_manager", "bootstrap node", "preloading server")
 
 
 def role_of(process: psutil.Process, root: psutil.Process, is_bootstrap: bool) -> str:
@@ -64,6 +66,9 @@ def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, fl
     """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end), over the swarm's
     processes and their descendants (not this benchmark's own DHT node)."""
     processes = {}
+    if (server := multiprocessing.forkserver._forkserver._forkserver_pid) is not None:  # --preimported
+        process = psutil.Process(server)
+        processes[process] = ("preloading server", sum(process.cpu_times()[:2]))
     for peer in swarm.peers:
         try:
             root = psutil.Process(peer.process.pid)
@@ -91,10 +96,13 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--label", default="", help="what this run measures, for its heading")
     parser.add_argument("--section", default="standby-swarm", help="the RESULTS.md section it writes")
+    parser.add_argument("--preimported", action="store_true",
+                        help="fork the clients from one server that imported torch and hivemind (as the tests do: "
+                             "client/local/preimported.py), so that they share its pages")
     args = parser.parse_args()
     config = DemoConfig(clients=args.clients)
     load_before = os.getloadavg()[0]
-    with LocalSwarm("standby") as swarm:
+    with LocalSwarm("standby", preimported=args.preimported) as swarm:
         swarm.start_bootstrap()
         coordinator_id = peer_id_of(load_identity(swarm.workdir / "coordinator.key").get_public_key())
         started = time.monotonic()
@@ -114,6 +122,7 @@ def main() -> None:
     rows = [f"| {role} | {by_role[role][0]} | {100 * by_role[role][1] / args.window:.1f} % | "
             f"{100 * by_role[role][1] / args.window / max(args.clients, 1):.2f} % | "
             f"{by_role[role][2] / 2**20 / by_role[role][0]:.0f} MB |" for role in ROLES if role in by_role]
+    # the clients' processes, and the preloading server's (--preimported), whose pages they share
     per_client_pss = sum(pss for role, (_, _, pss) in by_role.items() if role != "bootstrap node") / args.clients
     revision = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip()
