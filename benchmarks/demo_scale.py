@@ -101,7 +101,9 @@ def main() -> None:
     unreachable = re.findall(r"Leaving (\S+) out and re-planning", coordinator)
     unstored = sum((log.read_text(errors="replace").count("No DHT node accepted our peer record"))
                    for log in logs.glob("*.log"))
-    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*)", coordinator)
+    # a long line goes on, indented, on the next lines of the log; a new record there names its level first
+    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*(?:\n {20,}(?!(?:DEBUG|INFO|WARN|ERROR)\b)\S[^\n]*)*)",
+                          coordinator)
     gib = 1 << 30
     left_out = ("no coordinator started" if not coordinator else
                 "yes: " + ", ".join(left) if any(int(n) for n in left) else "never")
@@ -119,7 +121,8 @@ def main() -> None:
         f"| coordinator counted a live client as left | {left_out} |",
         f"| peers reported unreachable and planned out | {', '.join(unreachable) or 'none'} |",
         f"| client records no DHT node accepted (log lines) | {unstored} |",
-        f"| estimated links the plan was priced on | {', '.join(estimated.groups()) if estimated else 'none'} |",
+        f"| estimated links the plan was priced on | "
+        f"{estimated.group(1) + ', ' + ' '.join(estimated.group(2).split()) if estimated else 'none'} |",
         f"| step time measured, predicted | {outcome} |",
         f"| highest load average (1 min) | {memory.peak_load:.0f} on {os.cpu_count()} cores |",
     ]
