@@ -102,7 +102,7 @@ def main() -> None:
     unstored = sum((log.read_text(errors="replace").count("No DHT node accepted our peer record"))
                    for log in logs.glob("*.log"))
     # a long line goes on, indented, on the next lines of the log; a new record there names its level first
-    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*(?:\n {20,}(?!(?:DEBUG|INFO|WARN|ERROR)\b)\S[^\n]*)*)",
+    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*(?:\n {20,}(?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b)\S[^\n]*)*)",
                           coordinator)
     gib = 1 << 30
     left_out = ("no coordinator started" if not coordinator else

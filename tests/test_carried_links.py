@@ -64,3 +64,8 @@ def test_a_peer_takes_frames_only_on_the_links_it_measures():
     prober.observe(IDS[1], 10 * MB, 0.5)
     prober.observe(IDS[2], 10 * MB, 0.5)  # the other end measures it, or nobody yet: no RTT to take off
     assert prober.links[IDS[1]].bandwidth_mbps == pytest.approx(200.0) and IDS[2] not in prober.links
+
+
+def test_a_frame_whose_bytes_took_less_than_three_quarters_of_its_time_leaves_the_bandwidth():
+    # 5 MB in 0.1 s of RTT plus 0.2 s of payload would read 200 Mbit/s; two thirds of the time is not enough
+    assert carried(PROBED, 5 * MB, 0.3).bandwidth_mbps == PROBED.bandwidth_mbps

@@ -38,4 +38,3 @@ def main() -> None:
         from hetswarm.client.cli.app import main as run_full_app
 
         run_full_app()
-

@@ -37,6 +37,8 @@ MAX_PROBE_BYTES = 32 * 2**20
 """Largest payload a peer accepts for one bandwidth probe."""
 SMALL_PROBE_BYTES = 2 * PROBE_PART_BYTES
 """The first payload, which only sizes the others."""
+PAYLOAD_SHARE = 0.75
+"""The least share of a frame's time its bytes must take for the frame to count as a bandwidth sample (`carried`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,12 +127,12 @@ def carried(link: LinkMeasurement, n_bytes: int, seconds: float) -> LinkMeasurem
     """`link` after a message of `n_bytes` went over it and was answered in `seconds` (module docstring).
 
     The answer takes at least an RTT, so `seconds / 2` bounds the one-way latency; the time left after the probe's
-    RTT is the payload's, counted only when it is at least half of `seconds` (else the figure is mostly the
-    latency's error)."""
+    RTT is the payload's, counted only when it is at least PAYLOAD_SHARE of `seconds` (else the figure is mostly
+    the latency's error: a latency read high by a quarter of `seconds` would overstate the bandwidth by a third)."""
     latency_ms = min(link.latency_ms, seconds / 2 * MS_PER_S)
     payload_s = seconds - 2 * latency_ms / MS_PER_S
     bandwidth_mbps = link.bandwidth_mbps
-    if payload_s >= seconds / 2 > 0:
+    if payload_s >= PAYLOAD_SHARE * seconds > 0:
         bandwidth_mbps = max(bandwidth_mbps, min(n_bytes * 8 / payload_s / BITS_PER_MBIT, MAX_BANDWIDTH_MBPS))
     return link.copy(update={"latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps})
 

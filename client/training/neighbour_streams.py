@@ -312,7 +312,10 @@ class NeighbourStreams(Served):
                 self.deltas.forget(sample)  # the receiver's copy differs: the step's retry sends it whole
             raise
         if self.on_sent is not None:
-            self.on_sent(peer.to_base58(), n_bytes, seconds)
+            try:
+                self.on_sent(peer.to_base58(), n_bytes, seconds)
+            except Exception as e:  # a measurement must never cost a step
+                logger.debug(f"Could not take the frame to {peer} as a link measurement: {e!r}", exc_info=True)
 
     def commit(self, step: int, attempt: int) -> None:
         """The plan committed (step, attempt): the activation copies it made at both links take effect."""
