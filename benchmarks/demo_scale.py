@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import psutil
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+from swarm_log_lines import departures_counted, estimated_links, planned_out, unstored_records
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch, run_swarm
 from hetswarm.protocol.errors import HetswarmError
@@ -97,16 +97,8 @@ def main() -> None:
     wall_s = time.monotonic() - started
     logs = workdir[0] / "run-scheduled"
     coordinator = (logs / "coordinator.log").read_text(errors="replace") if (logs / "coordinator.log").exists() else ""
-    left = re.findall(r"membership changed[^\n]*?(\d+) left", coordinator)
-    unreachable = re.findall(r"Leaving (\S+) out and re-planning", coordinator)
-    unstored = sum((log.read_text(errors="replace").count("No DHT node accepted our peer record"))
-                   for log in logs.glob("*.log"))
-    # a long line goes on, indented, on the next lines of the log; a new record there names its level first
-    estimated = re.search(r"priced on (\d+) estimated links, ([^\n]*(?:\n {20,}(?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b)\S[^\n]*)*)",
-                          coordinator)
     gib = 1 << 30
-    left_out = ("no coordinator started" if not coordinator else
-                "yes: " + ", ".join(left) if any(int(n) for n in left) else "never")
+    left_out = departures_counted(coordinator) if coordinator else "no coordinator started"
     first_plan = f"{seen['first_plan_s'] / 60:.1f} min" if seen["first_plan_s"] is not None else "none"
     outcome = (f"{phases[0].measured_step_s:.2f} s, {phases[0].predicted_step_s:.2f} s" if phases
                else f"did not finish: {failure}")
@@ -119,10 +111,9 @@ def main() -> None:
         f"| peers the watch saw | {seen['peers']} |",
         f"| most links one record listed | {seen['max_links']} |",
         f"| coordinator counted a live client as left | {left_out} |",
-        f"| peers reported unreachable and planned out | {', '.join(unreachable) or 'none'} |",
-        f"| client records no DHT node accepted (log lines) | {unstored} |",
-        f"| estimated links the plan was priced on | "
-        f"{estimated.group(1) + ', ' + ' '.join(estimated.group(2).split()) if estimated else 'none'} |",
+        f"| peers reported unreachable and planned out | {', '.join(planned_out(coordinator)) or 'none'} |",
+        f"| client records no DHT node accepted (log lines) | {unstored_records(logs)} |",
+        f"| estimated links the plan was priced on | {estimated_links(coordinator)} |",
         f"| step time measured, predicted | {outcome} |",
         f"| highest load average (1 min) | {memory.peak_load:.0f} on {os.cpu_count()} cores |",
     ]

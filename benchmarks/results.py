@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ _HEADER = "# Benchmark results\n\nEach section is rewritten by the script named 
 def command_line() -> str:
     """The command that is running now, as a user would type it from the repository root."""
     return " ".join(["python"] + [shlex.quote(arg) for arg in sys.argv])
+
+
+def revision() -> str:
+    """The checkout's commit as `git describe --always --dirty` gives it (a `-dirty` suffix for local changes)."""
+    return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
 
 
 def write_section(name: str, markdown: str, *, path: Path = RESULTS_PATH) -> None:

@@ -21,12 +21,10 @@ import asyncio
 import collections
 import multiprocessing.forkserver
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import psutil
-from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch
 from hetswarm.client.local.swarm import LocalSwarm
@@ -62,12 +60,17 @@ async def wait_for_view(records: SwarmRecords, clients: int, timeout_s: float) -
     raise TimeoutError(f"{clients} clients did not come up and measure {wanted} links within {timeout_s:.0f} s")
 
 
+def preloading_server() -> psutil.Process | None:
+    """The server the clients were forked from (LocalSwarm(preimported=True)), if one runs."""
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    return psutil.Process(pid) if pid is not None else None
+
+
 def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, float]]:
     """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end), over the swarm's
     processes and their descendants (not this benchmark's own DHT node)."""
     processes = {}
-    if (server := multiprocessing.forkserver._forkserver._forkserver_pid) is not None:  # --preimported
-        process = psutil.Process(server)
+    if (process := preloading_server()) is not None:  # --preimported
         processes[process] = ("preloading server", sum(process.cpu_times()[:2]))
     for peer in swarm.peers:
         try:
@@ -124,12 +127,10 @@ def main() -> None:
             f"{by_role[role][2] / 2**20 / by_role[role][0]:.0f} MB |" for role in ROLES if role in by_role]
     # the clients' processes, and the preloading server's (--preimported), whose pages they share
     per_client_pss = sum(pss for role, (_, _, pss) in by_role.items() if role != "bootstrap node") / args.clients
-    revision = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
     markdown = "\n".join([
         f"## A standing-by swarm of {args.clients} clients{': ' + args.label if args.label else ''}",
         "",
-        f"Command: `{command_line()}` at {revision} on the project's {os.cpu_count()}-core machine. "
+        f"Command: `{command_line()}` at {revision()} on the project's {os.cpu_count()}-core machine. "
         f"{' '.join(SETUP.split())}",
         "",
         f"Every record in view with {links} links measured after {view_s:.0f} s; then over {args.window:.0f} s: "

@@ -1,7 +1,8 @@
 """The coordinator pings the peers a plan places before it publishes it, and plans again without those that do not
 answer: a peer killed since its record was last refreshed is never placed on the strength of that record alone.
 
-`unanswered` runs on real daemons in this process (a live prober, a daemon without the probe handler, a dead one);
+`unanswered` runs on real daemons in this process (a live prober, a daemon without the probe handler, a dead one, a
+prober that answers late and gets a second chance);
 the broadcaster's use of it runs on a real DHT node that holds the peers' signed records, with the pings stood in
 for by the answer a dead peer gives (the real pings are the first test's). A node signs only its own records, so each peer's comes from a node of its
 own.
@@ -42,6 +43,28 @@ def test_a_dead_peer_and_a_peer_without_the_probe_handler_do_not_answer_a_live_o
 
     silent, names = asyncio.run(scenario())
     assert {names[peer] for peer in silent} == {"bare", "dead"}
+
+
+def test_a_peer_that_answers_late_has_a_second_longer_chance_and_a_dead_one_stays_silent(monkeypatch):
+    async def late_ping(self: ProbeServicer, request, context):
+        await asyncio.sleep(1.0)  # a busy machine: 64 peers on 2 cores answered later than 5 s
+        return await answer(self, request, context)
+
+    answer = ProbeServicer.rpc_ping
+    monkeypatch.setattr(ProbeServicer, "rpc_ping", late_ping)
+
+    async def scenario() -> tuple[set[str], set[str], dict[str, str]]:
+        async with connected_p2ps(3) as (asker, late, dead):
+            await ProbeServicer(admits=lambda peer: True).add_p2p_handlers(late, namespace=NAMESPACE)
+            names = {str(p2p.peer_id): name for p2p, name in ((late, "late"), (dead, "dead"))}
+            await dead.shutdown()
+            once = await unanswered(asker, set(names), namespace=NAMESPACE, timeout_s=0.3)
+            twice = await unanswered(asker, set(names), namespace=NAMESPACE, timeout_s=0.3, again_s=5.0)
+            return once, twice, names
+
+    once, twice, names = asyncio.run(scenario())
+    assert {names[peer] for peer in once} == {"late", "dead"}
+    assert {names[peer] for peer in twice} == {"dead"}
 
 
 SPEEDS = {"a": 1.0, "b": 0.5, "dead": 100.0}

@@ -44,4 +44,6 @@ def test_each_client_joins_pinned_and_emulated_at_its_own_site_and_speed():
     assert [option(a, "--site") for a in args] == [region for _, region in config.sites()]
     assert [option(a, "--emulate-tflops") for a in args] == ["0.004", "0.001"] * 4
     assert {option(a, "--coordinator") for a in args} == {"QmCoordinator"}
+    assert {option(a, "--ttl") for a in args} == {"20.0"}
+    assert option(DemoConfig(clients=8, ttl_s=60.0).client_args(0, REGIONS[0], "QmCoordinator"), "--ttl") == "60.0"
     assert "--emulate-tflops" not in DemoConfig(clients=8).client_args(0, REGIONS[0], "QmCoordinator")

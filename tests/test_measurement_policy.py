@@ -2,14 +2,20 @@
 first, a rotating sample of the rest; both ends of a pair choose alike, so the smaller id alone measures it."""
 from __future__ import annotations
 
+import asyncio
 import itertools
+from types import SimpleNamespace
 
 import pydantic.v1 as pydantic
 import pytest
+from hivemind.utils import get_dht_time
 
+from hetswarm.client.peer import link_prober
+from hetswarm.client.peer.link_prober import LinkProber
+from hetswarm.client.peer.volunteer import VolunteerConfig
 from hetswarm.protocol.limits import MAX_REQUESTED_LINKS
 from hetswarm.protocol.measurement_policy import expected_links, links_to_measure, pair_draw
-from hetswarm.protocol.records import LinkRequests
+from hetswarm.protocol.records import LinkMeasurement, LinkRequests
 from tests.helpers.swarm_records import record
 
 K = 16
@@ -76,3 +82,29 @@ def test_link_requests_are_bounded_join_two_peers_and_name_each_peers_partners()
         LinkRequests(coordinator_id=a, pairs=[(a, a)], updated_at=0.0)
     with pytest.raises(pydantic.ValidationError, match="exceed the limit"):
         LinkRequests(coordinator_id=a, pairs=[(a, b)] * (MAX_REQUESTED_LINKS + 1), updated_at=0.0)
+
+
+def test_a_link_asked_for_while_a_round_runs_is_probed_next_not_after_the_round(monkeypatch):
+    """A round of probes takes tens of seconds, and the coordinator holds its plan until the links it asked for are
+    in: the prober chooses each probe after the last (client/peer/link_prober.py)."""
+    peers = swarm(6)
+    me, others = min(peers), {peer: r for peer, r in peers.items() if peer != min(peers)}
+    node = SimpleNamespace(peer_id=me, p2p=None, config=SimpleNamespace(swarm="policy"))
+
+    def probe_round(ask_after_first: str | None = None) -> list[str]:
+        prober, probed = LinkProber(node, VolunteerConfig()), []
+
+        async def measure(_p2p, peer, **_options) -> LinkMeasurement:
+            probed.append(peer.to_base58())
+            if ask_after_first is not None and len(probed) == 1:
+                prober.ask(LinkRequests(coordinator_id=me, pairs=[(me, ask_after_first)], updated_at=0.0))
+            return LinkMeasurement(latency_ms=1.0, bandwidth_mbps=1.0, measured_at=get_dht_time(), samples=1)
+
+        monkeypatch.setattr(link_prober, "measure_link", measure)
+        asyncio.run(prober.round(others))
+        return probed
+
+    unasked = probe_round()
+    assert sorted(unasked) == sorted(others)
+    asked = probe_round(ask_after_first=unasked[-1])
+    assert asked == [unasked[0], unasked[-1], *unasked[1:-1]]

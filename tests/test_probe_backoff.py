@@ -136,23 +136,23 @@ def test_a_backoff_that_could_spin_or_never_grow_is_refused(base_s: float, max_s
         VolunteerConfig(probe_backoff_s=base_s, probe_backoff_max_s=max_s)
 
 
-class _RefusingOnce:
-    """A record store whose first store no DHT node takes (a loaded swarm), and that notes when each came."""
+class _Refusing:
+    """A record store whose first `times` stores no DHT node takes (a loaded swarm), and that notes when each came."""
 
-    def __init__(self) -> None:
-        self.stores: list[float] = []
+    def __init__(self, times: int) -> None:
+        self.times, self.stores = times, []
 
     async def publish(self, record: PeerRecord, *, ttl_s: float) -> bool:
         self.stores.append(asyncio.get_running_loop().time())
-        return len(self.stores) > 1
+        return len(self.stores) > self.times
 
 
-@pytest.mark.timing  # measures the gaps between heartbeats
-def test_a_refused_heartbeat_is_tried_again_within_a_second_not_a_period_later():
-    records = _RefusingOnce()
+def heartbeat_gaps(refused: int) -> list[float]:
+    """Seconds between the stores of a heartbeat with T = 4 s (every 2 s) over 5 s, its first `refused` refused."""
+    records = _Refusing(refused)
     node = SimpleNamespace(peer_id=IDS[0], records=records, config=SimpleNamespace(swarm=SWARM),
                            dht=SimpleNamespace(get_visible_maddrs=lambda: []))
-    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(ttl_s=4.0))  # heartbeat every 2 s, a retry after 0.4 s
+    volunteer = Volunteer(node, HARDWARE, VolunteerConfig(ttl_s=4.0))
 
     async def beat() -> float:
         started = asyncio.get_running_loop().time()
@@ -162,10 +162,21 @@ def test_a_refused_heartbeat_is_tried_again_within_a_second_not_a_period_later()
         return started
 
     started = asyncio.run(beat())
-    gaps = [b - a for a, b in zip([started, *records.stores], records.stores)]
+    return [b - a for a, b in zip([started, *records.stores], records.stores)]
+
+
+@pytest.mark.timing  # measures the gaps between heartbeats
+def test_a_refused_heartbeat_is_tried_again_within_a_second_not_a_period_later():
+    gaps = heartbeat_gaps(refused=1)
     assert len(gaps) == 3, gaps  # refused at 2 s, taken at 2.4 s, refreshed at 4.4 s
-    assert gaps[0] == pytest.approx(2.0, abs=0.3) and gaps[1] == pytest.approx(0.4, abs=0.3), gaps
-    assert gaps[2] == pytest.approx(2.0, abs=0.3), gaps
+    assert gaps == pytest.approx([2.0, 0.4, 2.0], abs=0.3), gaps
+
+
+@pytest.mark.timing  # measures the gaps between heartbeats
+def test_refused_heartbeats_back_off_up_to_a_sixth_of_the_ttl_so_an_overloaded_dht_is_not_asked_every_second():
+    gaps = heartbeat_gaps(refused=3)
+    assert len(gaps) == 4, gaps  # refused at 2, 2.4 and 3.07 s, taken at 3.73 s; the next heartbeat at 5.73 s
+    assert gaps == pytest.approx([2.0, 0.4, 4.0 / 6, 4.0 / 6], abs=0.15), gaps
 
 
 class _ReadOnDemand:

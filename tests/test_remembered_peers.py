@@ -1,7 +1,12 @@
 """The coordinator tells "gone" from "not read" (protocol/remembered_peers.py): a read that misses a record does
-not remove its peer; its record's expiry, or a newer record of it that says it is leaving, does."""
+not remove its peer; its record's expiry, or a newer record of it that says it is leaving, does. A volunteer in a
+big swarm reads less often, never so seldom that one missed read drops a live peer, and polls the plan less often
+while it stands by (client/peer/volunteer.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from hetswarm.client.peer.volunteer import MAX_STANDBY_POLL_S, VolunteerConfig, follow_wait_s, view_wait_s
 from hetswarm.coordinator.planner import PlannerConfig
 from hetswarm.coordinator.replanner import Replanner
 from hetswarm.coordinator.swarm_view import trainable_peers
@@ -61,3 +66,17 @@ def test_reads_of_different_nodes_do_not_add_up_past_the_limit_the_plans_and_the
     memory.merge(read(records, at=1.0, only=IDS[:3]), now=1.0)
     view = memory.merge(read(records, at=2.0, only=IDS[3:]), now=2.0, prefer=IDS[1:3])  # the plan's members first
     assert len(view) == 4 and set(IDS[1:3]) < set(view) and IDS[0] not in view
+
+
+def test_a_big_swarm_reads_its_records_less_often_yet_twice_within_the_life_of_a_record_read():
+    config = VolunteerConfig()  # T = 60 s, records read every 5 s
+    assert [view_wait_s(config, peers) for peers in (0, 16, 40, 48, 64, 10_000)] == [5.0, 5.0, 10.0, 12.0, 12.0, 12.0]
+    assert 2 * view_wait_s(config, 10_000) < config.ttl_s / 2
+    assert view_wait_s(replace(config, view_interval_s=60.0), 64) == 60.0  # a longer interval asked for is kept
+
+
+def test_standbys_of_a_big_swarm_poll_the_plan_less_often_and_its_members_as_often_as_asked():
+    config = VolunteerConfig()  # the plan read every 2 s
+    standby = [follow_wait_s(config, peers, placed=False) for peers in (0, 20, 64, 1000)]
+    assert standby == [2.0, 2.0, 6.4, MAX_STANDBY_POLL_S]
+    assert [follow_wait_s(config, peers, placed=True) for peers in (0, 64, 1000)] == [2.0] * 3

@@ -99,6 +99,9 @@ class DemoConfig:
     """The coordinator's --data-period: steps per pass over a repeating data order (aq-sgd needs one)."""
     eval_every: int = 5
     """The coordinator's --eval-every: steps between the pipelines' held-out losses (0: none)."""
+    ttl_s: float = 20.0
+    """The clients' and the coordinator's --ttl: a record lives this long past its last refresh, so a peer that died
+    leaves the view within it (the product's default is 60 s; the demo's is short for quick re-plans)."""
     emulate_tflops: tuple[float, ...] = ()
     """Client i computes as fast as a device of emulate_tflops[i % len] TFLOPS (`hetswarm join --emulate-tflops`);
     empty: as fast as this machine."""
@@ -150,8 +153,8 @@ class DemoConfig:
         speed = (["--emulate-tflops", str(self.emulate_tflops[index % len(self.emulate_tflops)])]
                  if self.emulate_tflops else [])
         return ["--emulate", self.scenario, "--site", region, "--bandwidth-scale", str(self.bandwidth_scale),
-                "--coordinator", coordinator_id, "--seed", str(self.seed), "--torch-threads", "1", "--ttl", "20",
-                *speed]
+                "--coordinator", coordinator_id, "--seed", str(self.seed), "--torch-threads", "1",
+                "--ttl", str(self.ttl_s), *speed]
 
 
 @dataclass
@@ -259,7 +262,8 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         "coordinator", "coordinator", "--initial-peers", swarm.initial_peers, "--host-maddrs", LOOPBACK,
         "--swarm", swarm.swarm, "--identity-path", str(coordinator_key), "--model", config.model,
         *_shape_options(config, placement), "--min-peers", str(n), "--plan", placement,
-        "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", "20", "--debounce", "1",
+        "--time-budget", str(config.time_budget_s), "--seed", str(config.seed), "--ttl", str(config.ttl_s),
+        "--debounce", "1",
         "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
         "--eval-every", str(config.eval_every),
         *(("--data-period", str(config.data_period)) if config.data_period else ()))

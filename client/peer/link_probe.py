@@ -167,10 +167,20 @@ async def measure_link(p2p: P2P, peer: PeerID, *, namespace: str, config: ProbeC
     )
 
 
-async def unanswered(p2p: P2P, peers: Collection[str], *, namespace: str, timeout_s: float) -> set[str]:
-    """The peers among `peers` that answer no ping within `timeout_s`: a refusal is an answer (the peer is up); a
-    failed dial, a timeout or a missing handler is not. The coordinator asks this of a plan's peers before it
-    publishes the plan (coordinator/broadcaster.py): its own observation, not a member's word."""
+async def unanswered(p2p: P2P, peers: Collection[str], *, namespace: str, timeout_s: float,
+                     again_s: float | None = None) -> set[str]:
+    """The peers among `peers` that answer no ping within `timeout_s`, nor, with `again_s`, a second one within
+    that: a refusal is an answer (the peer is up); a failed dial, a timeout or a missing handler is not. The
+    coordinator asks this of a plan's peers before it publishes the plan (coordinator/broadcaster.py): its own
+    observation, not a member's word. A dead peer's dial fails at once, so the second chance costs it little, and a
+    peer on a busy machine that answers late is not planned out."""
+    silent = await _unanswered_once(p2p, peers, namespace=namespace, timeout_s=timeout_s)
+    if silent and again_s is not None:
+        silent = await _unanswered_once(p2p, silent, namespace=namespace, timeout_s=again_s)
+    return silent
+
+
+async def _unanswered_once(p2p: P2P, peers: Collection[str], *, namespace: str, timeout_s: float) -> set[str]:
     async def answers(peer: str) -> bool:
         try:
             stub = ProbeServicer.get_stub(p2p, PeerID.from_base58(peer), namespace=namespace)

@@ -3,8 +3,8 @@
 Each peer measures at most `max_links` links (protocol/measurement_policy.py says which: the plan's, its site's,
 a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
 pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
-them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`; a
-measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. Within one such
+them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`,
+choosing each probe after the last (a link asked for meanwhile goes next); a measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. Within one such
 epoch at most `max_links` other peers are probed, also while the view grows and the chosen links shift; the plan's
 partners and the links the coordinator asks for (at most half the budget at any time) are probed besides, so that a
 new plan's links are measured at once, not an epoch later. A peer whose probe failed (crashed, until its record
@@ -88,17 +88,27 @@ class LinkProber:
         return min((self._wait_before_probe(p) for p in self._mine(peers)), default=self.config.reprobe_s)
 
     async def round(self, peers: Mapping[str, PeerRecord]) -> bool:
-        """Probes the due links to `peers` (the records in view); forgets the failures of peers no longer in view,
-        and their measurements once the epoch that took them is over (a peer back within it is not probed again).
-        Returns whether a link was measured anew."""
-        due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
-        due.sort(key=lambda p: self.links[p].measured_at if p in self.links else -1.0)
-        measured = [peer for peer in due[:self.config.max_probes_per_round] if await self._probe_one(peer)]
+        """Probes the due links to `peers` (the records in view), one at a time, choosing each after the last, so
+        that a link the coordinator asks for while a round runs is measured next, not after the round (a probe
+        takes seconds; the coordinator holds its plan until the links are in). Then forgets the failures of peers
+        no longer in view, and their measurements once the epoch that took them is over (a peer back within it is
+        not probed again). Returns whether a link was measured anew."""
+        measured = False
+        for _ in range(self.config.max_probes_per_round):
+            if (peer := self._next_due(peers)) is None:
+                break
+            measured = await self._probe_one(peer) or measured
         in_view = set(peers)
         self.links = {p: m for p, m in self.links.items() if p in in_view or p in self._probed}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}
         self._retry_at = {p: t for p, t in self._retry_at.items() if p in in_view}
-        return bool(measured)
+        return measured
+
+    def _next_due(self, peers: Mapping[str, PeerRecord]) -> str | None:
+        """The due link to probe first: an unmeasured one before a stale one, and among those the plan's partners
+        and the links asked for first (`_mine`); then the stalest."""
+        due = [p for p in self._mine(peers) if self._wait_before_probe(p) == 0.0]
+        return min(due, key=lambda p: self.links[p].measured_at if p in self.links else -1.0, default=None)
 
     def _mine(self, peers: Mapping[str, PeerRecord]) -> list[str]:
         """The peers whose link to us we measure: those of the chosen links with a larger id (module docstring)."""

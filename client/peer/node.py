@@ -24,6 +24,7 @@ from hetswarm.client.peer.emulation import EmulatedP2P, LinkShaper, SiteLinks
 from hetswarm.client.peer.hivemind_compat import (
     bound_stream_messages,
     load_identity,
+    patient_identity_check,
     read_commands_whole,
     settle_late_answers,
     shut_down_from_inside,
@@ -37,7 +38,14 @@ from hetswarm.protocol.signing import make_validators
 logger = logging.getLogger(__name__)
 
 DEFAULT_SWARM = "hetswarm"
-DHT_START_TIMEOUT_S = 60.0
+DHT_START_TIMEOUT_S = 120.0
+"""For the DHT process to come up: its identity check's daemon and its own (P2PD_START_TIMEOUT_S each), then joining
+through the initial peers; one of 64 peers on 2 cores took longer than 60 s."""
+P2PD_START_TIMEOUT_S = 45.0
+"""hivemind gives a p2p daemon 15 s to start. On a busy machine that is too little: of 64 peers started at once on 2
+cores (benchmarks/swarm_scale.py), 25 gave up with "Daemon failed to start in 15.0 seconds". Given to the peer's
+daemon and to the one that checks its identity is free first (client/peer/hivemind_compat/identity.py); within the
+DHT's own DHT_START_TIMEOUT_S, which also covers joining through the initial peers."""
 SITE_REFRESH_S = 1.0
 PARENT_POLL_S = 0.5
 """How often the DHT process checks that the process that started it still lives."""
@@ -146,6 +154,7 @@ def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
     clients, and every one this process makes later, leave an answer to a cancelled call alone
     (client/peer/hivemind_compat/control.py)."""
     settle_late_answers()
+    patient_identity_check(P2PD_START_TIMEOUT_S)
     dht = OwnedDHT(
         initial_peers=list(config.initial_peers),
         host_maddrs=list(config.host_maddrs),
@@ -153,6 +162,7 @@ def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
         identity_path=str(identity.path),
         client_mode=config.client_mode,
         record_validators=make_validators(config.swarm, identity.private_key),
+        startup_timeout=P2PD_START_TIMEOUT_S,
         start=False,
     )
     try:

@@ -29,6 +29,7 @@ from hetswarm.client.peer.link_probe import ProbeConfig, ProbeServicer
 from hetswarm.client.peer.link_prober import LinkProber
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
+from hetswarm.protocol.keys import ASSIGNMENT_FIELD, MEASURE_FIELD
 from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
 from hetswarm.protocol.measurement_policy import DEFAULT_MAX_LINKS, partners_in
 from hetswarm.protocol.record_store import check_ttl
@@ -47,10 +48,11 @@ MAX_LOOKED_FOR = 4096
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VolunteerConfig:
     ttl_s: float = 60.0
-    """Record expiry T; the heartbeat refreshes every T/2, and after a store no DHT node took, every T/10 (at most
-    1 s) until one does, so that a busy moment does not let the record expire."""
+    """Record expiry T; the heartbeat refreshes every T/2, and after a store no DHT node took, again after T/10 (at
+    most 1 s), twice that after each further refusal up to T/6, so that a busy moment does not let the record
+    expire and a busy DHT is not asked every second."""
     view_interval_s: float = 5.0
-    """How often the swarm's records are read."""
+    """How often the swarm's records are read, in a swarm of up to 20 peers (`view_wait_s`)."""
     reprobe_s: float = 600.0
     """Links are measured again after this long, and at once when a new peer appears."""
     max_probes_per_round: int = 8
@@ -67,7 +69,8 @@ class VolunteerConfig:
     coordinator: str | None = None
     """Peer id of the coordinator whose assignments this peer follows; None follows nobody."""
     assignment_poll_s: float = 2.0
-    """How often the assignment key is read when following a coordinator."""
+    """How often the assignment key is read when following a coordinator, by a member of its plan (a standby in a
+    big swarm reads it less often: `follow_wait_s`)."""
     join_token: str | None = None
     """The coordinator's token that admits this peer to a closed swarm (protocol/join_tokens.py)."""
 
@@ -86,6 +89,35 @@ class VolunteerConfig:
         if not 0 < self.probe_backoff_s <= self.probe_backoff_max_s:
             raise ConfigError(f"need 0 < probe_backoff_s <= probe_backoff_max_s, got {self.probe_backoff_s} and "
                              f"{self.probe_backoff_max_s}")
+
+
+VIEW_S_PER_PEER = 0.25
+"""A read of the swarm's records returns every peer's, so N peers reading every s seconds ask the DHT for N²/s
+records. Past `view_interval_s / VIEW_S_PER_PEER` peers the interval grows with the swarm instead (`view_wait_s`),
+keeping that load linear in N, up to the cap of `view_wait_s`: 12 s from 48 peers with the default T of 60 s."""
+
+
+def view_wait_s(config: VolunteerConfig, peers: int) -> float:
+    """Seconds between reads of the swarm's records with `peers` in view: `view_interval_s`, longer in a big swarm
+    (VIEW_S_PER_PEER) but no longer than T/5: a record read lives at least T/2 more (its owner refreshes it every
+    T/2, for T), and two reads within that keep a live peer in view through one read that missed it
+    (protocol/remembered_peers.py)."""
+    return max(config.view_interval_s, min(VIEW_S_PER_PEER * peers, config.ttl_s / 5))
+
+
+STANDBY_READS_PER_S = 10.0
+"""Every peer polls the coordinator's plan, and the few DHT nodes that hold its key serve every poll. The plan's
+members poll every `assignment_poll_s`; the peers it leaves standing by (all of them, before the first plan) poll
+together about this many times a second at most (`follow_wait_s`): every 2 s up to 20 peers, 6.4 s at 64."""
+MAX_STANDBY_POLL_S = 15.0
+"""A standby finds a plan that places it within this long, however big the swarm."""
+
+
+def follow_wait_s(config: VolunteerConfig, peers: int, *, placed: bool) -> float:
+    """Seconds between reads of the plan and the coordinator's link requests (STANDBY_READS_PER_S)."""
+    if placed:
+        return config.assignment_poll_s
+    return max(config.assignment_poll_s, min(peers / STANDBY_READS_PER_S, MAX_STANDBY_POLL_S))
 
 
 OnAssignment = Callable[[Assignment], Awaitable[None]]
@@ -197,9 +229,11 @@ class Volunteer:
         """Polls the assignment key, and the links the coordinator asks to be measured first; a newly accepted
         plan is published in our record and handed to the hook."""
         while True:
+            coordinator = self.follower.coordinator_id
             try:
-                entries = await self.node.records.assignments(self.follower.coordinator_id)
-                if self.prober.ask(await self.node.records.link_requests(self.follower.coordinator_id)):
+                found = await self.node.records.read_many((ASSIGNMENT_FIELD, MEASURE_FIELD), prefer=(coordinator,))
+                entries = found[ASSIGNMENT_FIELD]
+                if self.prober.ask(found[MEASURE_FIELD].get(coordinator)):
                     self._probe_wanted.set()
             except TimeoutError:
                 logger.debug("Reading the assignment or the link requests timed out")
@@ -210,7 +244,7 @@ class Volunteer:
                     task = asyncio.create_task(self._on_assignment(accepted), name=f"assignment-v{accepted.version}")
                     self._hook_tasks.add(task)
                     task.add_done_callback(self._hook_done)
-            await asyncio.sleep(self.config.assignment_poll_s)
+            await asyncio.sleep(follow_wait_s(self.config, len(self.peers), placed=self.follower.role is not None))
 
     def _hook_done(self, task: asyncio.Task) -> None:
         self._hook_tasks.discard(task)
@@ -219,11 +253,17 @@ class Volunteer:
 
     async def _heartbeat(self) -> None:
         """A CI run saw a record refused once on a loaded machine expire before the next T/2 heartbeat, and the
-        coordinator plan its peer out; so a refused store is tried again within a second."""
-        stored = True
+        coordinator plan its peer out; so a refused store is tried again within a second. Further refusals double
+        the wait up to T/6, which still tries thrice within the T/2 the last stored record has left: at 64 peers on
+        2 cores (benchmarks/swarm_scale.py) an overloaded DHT refused 1,500 stores, and a retry every second for
+        each peer kept it overloaded."""
+        retry_s = None
         while True:
-            await asyncio.sleep(self.config.ttl_s / 2 if stored else min(1.0, self.config.ttl_s / 10))
-            stored = await self.publish_record("heartbeat")
+            await asyncio.sleep(self.config.ttl_s / 2 if retry_s is None else retry_s)
+            if await self.publish_record("heartbeat"):
+                retry_s = None
+            else:
+                retry_s = min(2 * retry_s if retry_s else min(1.0, self.config.ttl_s / 10), self.config.ttl_s / 6)
 
     async def _watch(self) -> None:
         while True:
@@ -248,7 +288,7 @@ class Volunteer:
                 self._reading, self._views = False, self._views + 1
                 self._viewed.notify_all()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._look_now.wait(), timeout=self.config.view_interval_s)
+                await asyncio.wait_for(self._look_now.wait(), timeout=view_wait_s(self.config, len(self.peers)))
 
     async def _look_for(self, peer: str) -> None:
         """Returns once `peer` is in view or the records were read once more from the start (at most two DHT reads

@@ -2,7 +2,8 @@
 
 Each module names the hivemind 1.1.12 internals it relies on, and why the public API does not do: the p2pd control
 client (`control`: late answers, a dial), the stream reader (`streams`: the message bound), the DHT process's command
-pipe (`dht_process`), the RSA key wrapper (`identity`), and the all-reduce runner's private steps (`allreduce`).
+pipe (`dht_process`), the RSA key wrapper and the identity check's daemon (`identity`), and the all-reduce runner's
+private steps (`allreduce`).
 Nothing else in hetswarm names a private hivemind attribute or imports a private hivemind module
 (tests/test_import_doors.py); a new hivemind release is checked here, once, before this room is trusted with it.
 """
@@ -26,7 +27,7 @@ from hetswarm.client.peer.hivemind_compat.control import (
     settle_late_answers,
 )
 from hetswarm.client.peer.hivemind_compat.dht_process import read_commands_whole, shut_down_from_inside
-from hetswarm.client.peer.hivemind_compat.identity import load_identity
+from hetswarm.client.peer.hivemind_compat.identity import load_identity, patient_identity_check
 from hetswarm.client.peer.hivemind_compat.streams import (
     MessageTooLarge,
     bound_stream_messages,
@@ -34,5 +35,6 @@ from hetswarm.client.peer.hivemind_compat.streams import (
 )
 
 __all__ = ["HIVEMIND_VERSION", "ControlFailure", "HookedAllReduceRunner", "MessageTooLarge", "P2PDaemonError",
-           "bound_stream_messages", "dial", "load_identity", "read_commands_whole", "settle_late_answers",
+           "bound_stream_messages", "dial", "load_identity", "patient_identity_check", "read_commands_whole",
+           "settle_late_answers",
            "shut_down_from_inside", "unbound_stream_messages"]

@@ -3,6 +3,9 @@
 `RSAPrivateKey()` always generates a new key, and its only way in from bytes is unpickling; the identity file holds
 the key p2pd uses (a protobuf `PrivateKey` around DER), so the loaded key is put where the class keeps its own
 (`_private_key`).
+
+`patient_identity_check` gives the second daemon that hivemind starts to check that an identity is free
+(`P2P.is_identity_taken`, with `P2P.create`'s default 15 s to start) the same time to start as a peer's own.
 """
 from __future__ import annotations
 
@@ -16,7 +19,29 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["load_identity"]
+__all__ = ["load_identity", "patient_identity_check"]
+
+
+_IS_IDENTITY_TAKEN = P2P.is_identity_taken.__func__
+"""hivemind's own check, which creates its daemon with `cls.create`."""
+
+
+class _PatientP2P(P2P):
+    """A P2P whose daemon is given `startup_timeout_s` to start where its caller names no time."""
+
+    startup_timeout_s = 15.0
+
+    @classmethod
+    async def create(cls, *args, **kwargs) -> P2P:
+        kwargs.setdefault("startup_timeout", cls.startup_timeout_s)
+        return await super().create(*args, **kwargs)
+
+
+def patient_identity_check(startup_timeout_s: float) -> None:
+    """Makes `P2P.is_identity_taken` start its daemon as `_PatientP2P` (module docstring): of 64 peers started on
+    2 cores (benchmarks/swarm_scale.py), one gave up in that check's 15 s."""
+    _PatientP2P.startup_timeout_s = startup_timeout_s
+    P2P.is_identity_taken = classmethod(lambda cls, *args, **kwargs: _IS_IDENTITY_TAKEN(_PatientP2P, *args, **kwargs))
 
 
 def load_identity(path: str | os.PathLike) -> RSAPrivateKey:
