@@ -1,14 +1,15 @@
 """Does a swarm of 64 volunteers come to a plan within minutes on one machine, each measuring at most k links?
 
 A bootstrap node, a coordinator (`--min-peers N`, one DP × PP plan: the other peers stand by) and N `hetswarm join`
-clients started one every few seconds, each a peer of its own with its DHT node and p2p daemon on 127.0.0.1, links emulated from the world-wide
-scenario as the demo's (client/local/demo.py) but with records that live the product's 60 s. The clients are forked
-from one server that imported torch and hivemind (client/local/preimported.py), so that they share its pages: the
-issue's "many volunteers may share a process", at the level of memory pages. A read-only DHT node of this process
-reads the peer records every few seconds, timing each read: when every client's record is in view, when the
-coordinator's first plan is, and the size and links of each record. Once the plan is out, the CPU time and the
-memory (PSS) of every client's process tree (its client, DHT process and p2p daemon) are sampled over a window, a
-standby's memory with its share of the preloading server. The logs give the estimator's error and any peer the coordinator lost.
+clients started one every few seconds, each a peer of its own with its DHT node and p2p daemon on 127.0.0.1, links
+emulated from the world-wide scenario as the demo's (client/local/demo.py) but with records that live the product's
+60 s. The clients are forked from one server that imported torch and hivemind (client/local/preimported.py), so that
+they share its pages: the issue's "many volunteers may share a process", at the level of memory pages. A read-only
+DHT node of this process reads the peer records every few seconds, timing each read: when every client's record is in
+view, when the coordinator's first plan is, and the size and links of each record. Once the plan is out, the CPU time
+and the memory (PSS) of every client's process tree (its client, DHT process and p2p daemon) are sampled over a
+window, a standby's memory with its share of the preloading server. The logs give the estimator's error and any peer
+the coordinator lost.
 
 Writes the "swarm-scale" section of benchmarks/RESULTS.md.
 
