@@ -5,8 +5,8 @@ The swarm is real, on 127.0.0.1: a `silent` node publishes a valid signed PeerRe
 (as a peer without the probe service, or a crashed one until its record expires); a `good` peer is a Volunteer;
 `me` is a Volunteer with the smallest peer id, so it is the one that measures both links. Before the backoff, `me`
 probed `silent` about 1500 times in 20 s and published its record as often. A heartbeat no DHT node took is tried
-again within a second, not a period later (on a stand-in record store). A volunteer that measured more links than a
-record holds publishes the newest.
+again within a second, not a period later, and further refusals back off (on a stand-in record store). A volunteer
+that measured more links than a record holds publishes the newest.
 """
 from __future__ import annotations
 
