@@ -1,6 +1,6 @@
 """State hand-off over real p2p daemons on 127.0.0.1 (client/training/state_handoff.py): units come from several
-holders at once, the digest most holders report wins, or the one a recorded checkpoint root proves, and what nobody
-holds is named."""
+holders at once, the digest most holders report wins, or the one a recorded checkpoint root proves, what nobody
+holds is named, and a holder that sends the wrong bytes is named as the cause, not reported unreachable."""
 from __future__ import annotations
 
 import asyncio
@@ -244,3 +244,28 @@ def test_a_model_download_that_the_swarm_trains_past_is_agreed_again_on_a_newer_
 
     state = asyncio.run(scenario())
     assert asked == [10, 12] and state.step == 12 and same(state, whole_state(12))
+
+
+@pytest.mark.swarm
+def test_a_holder_that_sends_the_wrong_bytes_is_the_cause_not_reported_unreachable(monkeypatch):
+    """A holder that answers with bytes its digest does not match is up: the failure names it as its cause, and
+    reports nobody unreachable (the coordinator leaves out whoever reports a peer that answers its ping)."""
+    serve_unit = StateServer.rpc_state_unit
+
+    async def corrupted(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                        ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        async for answer in serve_unit(self, request, context):
+            yield runtime_pb2.ExpertResponse(metadata=bytes([answer.metadata[0] ^ 1]) + answer.metadata[1:])
+
+    monkeypatch.setattr(StateServer, "rpc_state_unit", corrupted)
+
+    async def scenario():
+        async with connected_p2ps(2) as (asker, liar):
+            await serve(liar, second_stage_state(7))
+            with pytest.raises(StateUnavailable, match="every holder of blocks.2 for step 7 failed") as failed:
+                await fetch_state(asker, [liar.peer_id], step=7, units=["blocks.2"], model=TINY,
+                                  namespace=NAMESPACE, timeout_s=10)
+            return failed.value, liar.peer_id.to_base58()
+
+    error, liar = asyncio.run(scenario())
+    assert (error.cause, error.peers) == (liar, ())

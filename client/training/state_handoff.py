@@ -61,6 +61,14 @@ class StateUnavailable(StageError):
     """No candidate holds some units of the state asked for."""
 
 
+class _DownloadFailed(Exception):
+    """A holder did not give a unit: why, and whether it could not be dialled at all (client/training/errors.py)."""
+
+    def __init__(self, why: str, *, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.why, self.unreachable = why, unreachable
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HandoffReport:
     """What a hand-off moved: logged, and shown by the monitor."""
@@ -111,18 +119,27 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
     async def fetch_unit(unit: str) -> dict:
         offers = sorted(holders[unit], key=lambda offer: load[offer[0]])  # spread units over holders
         load[offers[0][0]] += offers[0][2]
+        unreachable = []
         for peer, digest, size in offers:
             if size > unit_byte_limit(model, unit):
                 logger.warning(f"{peer} offers {size} bytes for {unit}, more than it can be; skipped")
                 continue
-            blob = await _download(p2p, peer, step=step, unit=unit, digest=digest, size=size, namespace=namespace,
-                                   timeout_s=timeout_s)
-            if blob is not None and hashlib.sha256(blob).hexdigest() == digest:
-                sources[peer.to_base58()] += len(blob)
-                return decode_tensors(blob)
-            logger.warning(f"{unit} of step {step} from {peer}: {'no answer' if blob is None else 'bad digest'}; "
-                           f"trying the next holder")
-        raise StateUnavailable(f"every holder of {unit} for step {step} failed", peers=[p for p, _, _ in offers])
+            try:
+                blob = await _download(p2p, peer, step=step, unit=unit, digest=digest, size=size,
+                                       namespace=namespace, timeout_s=timeout_s)
+            except _DownloadFailed as e:
+                unreachable += [peer] if e.unreachable else []
+                why = e.why
+            else:
+                if hashlib.sha256(blob).hexdigest() == digest:
+                    sources[peer.to_base58()] += len(blob)
+                    return decode_tensors(blob)
+                why = "bad digest"
+            logger.warning(f"{unit} of step {step} from {peer}: {why}; trying the next holder")
+        # only a holder we could not dial is reported unreachable: one that answered with the wrong bytes is up, and
+        # the coordinator leaves out whoever reports a peer that answers its ping (coordinator/reports.py)
+        raise StateUnavailable(f"every holder of {unit} for step {step} failed", peers=unreachable,
+                               cause=offers[0][0])
 
     parts = await asyncio.gather(*(fetch_unit(unit) for unit in units))
     tensors = {name: tensor for part in parts for name, tensor in part.items()}
@@ -296,9 +313,9 @@ async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespa
 
 async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str, size: int, namespace: str,
                     timeout_s: float) -> bytes | None:
-    """`unit`'s encoding from `peer`, at most `size` bytes; None when the peer failed. A stream that ends short is
-    asked for the rest while each answer brings more (a streamed answer can be cut off once its request has been
-    read: docs/hivemind.md, pitfall 13); what comes is checked against `digest` by the caller."""
+    """`unit`'s encoding from `peer`, at most `size` bytes; _DownloadFailed when the peer failed. A stream that ends
+    short is asked for the rest while each answer brings more (a streamed answer can be cut off once its request has
+    been read: docs/hivemind.md, pitfall 13); what comes is checked against `digest` by the caller."""
     stub = StateServer.get_stub(p2p, peer, namespace=namespace)
     received = bytearray()
     try:
@@ -309,13 +326,14 @@ async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str
                 async for part in await stub.rpc_state_unit(runtime_pb2.ExpertRequest(metadata=encode_message(asked))):
                     received += part.metadata
                     if len(received) > size:
-                        logger.warning(f"{peer} sent more than the {size} bytes it announced for {unit}")
-                        return None
+                        raise _DownloadFailed(f"more than the {size} bytes it announced")
                 if len(received) == before:  # refused, or nothing more: the caller tries the next holder
                     break
                 if len(received) < size:
                     logger.debug(f"{peer} sent {len(received)} of the {size} bytes of {unit}; asking for the rest")
+    except _DownloadFailed:
+        raise
     except Exception as e:
         logger.debug(f"Download of {unit} from {peer} failed: {e!r}")
-        return None
+        raise _DownloadFailed(f"no answer ({type(e).__name__})", unreachable=dial_failed(e)) from None
     return bytes(received)
