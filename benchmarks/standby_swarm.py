@@ -27,7 +27,7 @@ import psutil
 from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch
-from hetswarm.client.local.swarm import LocalSwarm
+from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
 from hetswarm.client.peer.addresses import LOOPBACK
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.node import NodeConfig, identity_for, start_dht_for_process
@@ -66,6 +66,15 @@ def preloading_server() -> psutil.Process | None:
     return psutil.Process(pid) if pid is not None else None
 
 
+def tree(peer: PeerProcess) -> list[psutil.Process]:
+    """A peer's process and its descendants (its DHT process, its p2p daemon); none once it is gone."""
+    try:
+        root = psutil.Process(peer.process.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, float]]:
     """Per role: (processes, CPU seconds over the window, summed PSS in bytes at its end), over the swarm's
     processes and their descendants (not this benchmark's own DHT node)."""
@@ -73,13 +82,15 @@ def sample(swarm: LocalSwarm, window_s: float) -> dict[str, tuple[int, float, fl
     if (process := preloading_server()) is not None:  # --preimported
         processes[process] = ("preloading server", sum(process.cpu_times()[:2]))
     for peer in swarm.peers:
-        try:
-            root = psutil.Process(peer.process.pid)
-            for process in [root, *root.children(recursive=True)]:
-                times = process.cpu_times()
-                processes[process] = (role_of(process, root, peer.name == "bootstrap"), times.user + times.system)
-        except psutil.NoSuchProcess:
+        if not (processes_of := tree(peer)):
             continue
+        for process in processes_of:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            processes[process] = (role_of(process, processes_of[0], peer.name == "bootstrap"),
+                                  times.user + times.system)
     time.sleep(window_s)
     found = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for process, (role, before) in processes.items():

@@ -22,7 +22,8 @@ def planned_out(coordinator_log: str) -> list[str]:
 
 def unstored_records(logs: Path) -> int:
     """Log lines of clients whose record no DHT node accepted."""
-    return sum(log.read_text(errors="replace").count("No DHT node accepted our peer record") for log in logs.glob("*.log"))
+    return sum(log.read_text(errors="replace").count("No DHT node accepted our peer record")
+               for log in logs.glob("*.log"))
 
 
 def estimated_links(coordinator_log: str) -> str:

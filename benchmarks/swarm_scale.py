@@ -30,7 +30,7 @@ import psutil
 from demo_scale import TreeMemory  # benchmarks/ is on sys.path when run as a script
 from hivemind.utils import get_dht_time
 from results import command_line, revision, write_section
-from standby_swarm import preloading_server
+from standby_swarm import preloading_server, tree
 from swarm_log_lines import departures_counted, estimated_links, planned_out, unstored_records
 
 from hetswarm.client.local.demo import DemoConfig
@@ -102,15 +102,6 @@ class ScaleWatch:
             self.full_view_s = now
         if self.first_plan_s is None and self.plan is not None:
             self.first_plan_s = now
-
-
-def tree(peer: PeerProcess) -> list[psutil.Process]:
-    """A peer's process and its descendants (its DHT process, its p2p daemon); none once it is gone."""
-    try:
-        root = psutil.Process(peer.process.pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def sample_trees(peers: dict[str, PeerProcess], window_s: float) -> dict[str, tuple[float, int]]:
@@ -192,7 +183,8 @@ def main() -> None:
         f"| **last join → first plan** (wanted ≤ 180 s) | {_seconds(watch.first_plan_s)} |",
         f"| **links measured per peer** (k = {DEFAULT_MAX_LINKS}) | at most {max(links)}, mean "
         f"{statistics.mean(links):.1f}; the most any record read listed: {watch.most_links} |",
-        f"| **largest record as stored** (wanted ≤ {MAX_RECORD_BYTES_WANTED} bytes) | {watch.biggest_record:,} bytes |",
+        f"| **largest record as stored** (wanted ≤ {MAX_RECORD_BYTES_WANTED} bytes) | "
+        f"{watch.biggest_record:,} bytes |",
         f"| DHT read of every record: median, max ({len(watch.read_s)} reads, {watch.timeouts} timed out) | "
         f"{statistics.median(watch.read_s):.2f} s, {max(watch.read_s):.2f} s |",
         f"| estimated links the plan was priced on | {estimated_links(coordinator)} |",
@@ -200,7 +192,8 @@ def main() -> None:
         f"{statistics.median(standby_pss) / mib:.0f} MB, max {standby_pss[-1] / mib:.0f} MB |",
         f"| CPU of a peer's tree over {args.window:.0f} s after the plan, median | standby "
         f"{100 * cpu_share['standby']:.1f} % of a core, placed (training) {100 * cpu_share['placed']:.1f} % |",
-        f"| peak memory of the process tree, PSS | {memory.peak_pss / 2**30:.1f} GiB, {memory.peak_processes} processes |",
+        f"| peak memory of the process tree, PSS | {memory.peak_pss / 2**30:.1f} GiB, "
+        f"{memory.peak_processes} processes |",
         f"| coordinator counted a live client as left | {departures_counted(coordinator)} |",
         f"| peers reported unreachable and planned out | {', '.join(planned_out(coordinator)) or 'none'} |",
         f"| client records no DHT node accepted (log lines) | {unstored} |",

@@ -4,12 +4,13 @@ Each peer measures at most `max_links` links (protocol/measurement_policy.py say
 a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
 pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
 them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`,
-choosing each probe after the last (a link asked for meanwhile goes next); a measurement is taken again after `reprobe_s`, which is also how long the sample stays the same. Within one such
-epoch at most `max_links` other peers are probed, also while the view grows and the chosen links shift; the plan's
-partners and the links the coordinator asks for (at most half the budget at any time) are probed besides, so that a
-new plan's links are measured at once, not an epoch later. A peer whose probe failed (crashed, until its record
-expires; or serving no probe handler) is tried again only after an exponential backoff, so that it never makes the
-prober spin. Between probes, the frames this peer sends over a link it measures update that link (`observe`).
+choosing each probe after the last (a link asked for meanwhile goes next); a measurement is taken again after
+`reprobe_s`, which is also how long the sample stays the same. Within one such epoch at most `max_links` other peers
+are probed, also while the view grows and the chosen links shift; the plan's partners and the links the coordinator
+asks for (at most half the budget at any time) are probed besides, so that a new plan's links are measured at once,
+not an epoch later. A peer whose probe failed (crashed, until its record expires; or serving no probe handler) is
+tried again only after an exponential backoff, so that it never makes the prober spin. Between probes, the frames
+this peer sends over a link it measures update that link (`observe`).
 """
 from __future__ import annotations
 
