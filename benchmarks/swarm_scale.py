@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import math
 import os
 import statistics
@@ -30,7 +31,7 @@ import psutil
 from demo_scale import TreeMemory  # benchmarks/ is on sys.path when run as a script
 from hivemind.utils import get_dht_time
 from results import command_line, revision, write_section
-from standby_swarm import preloading_server, tree
+from standby_swarm import preloading_server, role_of, tree
 from swarm_log_lines import departures_counted, estimated_links, planned_out, unstored_records
 
 from hetswarm.client.local.demo import DemoConfig
@@ -104,19 +105,32 @@ class ScaleWatch:
             self.first_plan_s = now
 
 
-def sample_trees(peers: dict[str, PeerProcess], window_s: float) -> dict[str, tuple[float, int]]:
-    """Per peer: the CPU seconds its tree used over the window, and its summed PSS at the end."""
+@dataclass(frozen=True)
+class TreeSample:
+    """One peer's process tree over the sampling window."""
+
+    cpu_s: float
+    pss: int
+    """Summed PSS at the end, in bytes."""
+    cpu_s_by_role: dict[str, float]
+    """CPU seconds of its client, its DHT process and its p2p daemon (standby_swarm.ROLES)."""
+
+
+def sample_trees(peers: dict[str, PeerProcess], window_s: float) -> dict[str, TreeSample]:
+    """Per peer: the CPU seconds its tree used over the window, by role, and its summed PSS at the end."""
     before = {name: {process: sum(process.cpu_times()[:2]) for process in tree(peer)} for name, peer in peers.items()}
     time.sleep(window_s)
     found = {}
     for name, processes in before.items():
-        cpu = pss = 0
+        pss, by_role = 0, collections.Counter()
+        root = next(iter(processes), None)  # tree() lists the peer's own process first
         for process, start in processes.items():
             try:
-                cpu, pss = cpu + sum(process.cpu_times()[:2]) - start, pss + process.memory_full_info().pss
+                by_role[role_of(process, root, is_bootstrap=False)] += sum(process.cpu_times()[:2]) - start
+                pss += process.memory_full_info().pss
             except psutil.NoSuchProcess:
                 continue
-        found[name] = (cpu, pss)
+        found[name] = TreeSample(sum(by_role.values()), pss, dict(by_role))
     return found
 
 
@@ -172,9 +186,12 @@ def main() -> None:
     mib = 2**20
     links = [len(r.links) for r in watch.peers.values()]
     standbys = [trees[name] for name in names if name not in placed]
-    standby_pss = sorted(pss + share for _, pss in standbys)
-    cpu_share = {group: statistics.median(cpu for cpu, _ in members) / args.window if members else math.nan
+    standby_pss = sorted(sample.pss + share for sample in standbys)
+    cpu_share = {group: statistics.median(sample.cpu_s for sample in members) / args.window if members else math.nan
                  for group, members in (("standby", standbys), ("placed", [trees[name] for name in placed]))}
+    standby_roles = ", ".join(
+        f"{role} {100 * statistics.median(sample.cpu_s_by_role.get(role, 0.0) for sample in standbys) / args.window:.1f}"
+        for role in ("client", "client's DHT process", "p2p daemon")) if standbys else "none"
     rows = [
         f"| peers, plan | {args.peers}, {args.pp} stages × {args.dp} pipelines, {len(standbys)} standing by |",
         f"| clients started in | {joining_s:.0f} s |",
@@ -191,7 +208,8 @@ def main() -> None:
         f"| **a standby's process tree, PSS** (wanted ≤ {MAX_STANDBY_TREE_BYTES // mib} MB) | median "
         f"{statistics.median(standby_pss) / mib:.0f} MB, max {standby_pss[-1] / mib:.0f} MB |",
         f"| CPU of a peer's tree over {args.window:.0f} s after the plan, median | standby "
-        f"{100 * cpu_share['standby']:.1f} % of a core, placed (training) {100 * cpu_share['placed']:.1f} % |",
+        f"{100 * cpu_share['standby']:.1f} % of a core ({standby_roles}), placed (training) "
+        f"{100 * cpu_share['placed']:.1f} % |",
         f"| peak memory of the process tree, PSS | {memory.peak_pss / 2**30:.1f} GiB, "
         f"{memory.peak_processes} processes |",
         f"| coordinator counted a live client as left | {departures_counted(coordinator)} |",

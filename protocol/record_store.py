@@ -125,23 +125,24 @@ class SwarmRecords:
         deadline."""
         return {owner: record for owner, (record, _) in (await self.read_expiring(field, prefer=prefer)).items()}
 
-    async def read_expiring(self, field: str, *, prefer: Collection[PeerId] = ()
+    async def read_expiring(self, field: str, *, prefer: Collection[PeerId] = (), beam_size: int = DHT_BEAM_SIZE
                             ) -> dict[PeerId, tuple[pydantic.BaseModel, float]]:
-        """As `read`, each record with the DHT time at which it expires unless its owner refreshes it."""
+        """As `read`, each record with the DHT time at which it expires unless its owner refreshes it; the search
+        visits `beam_size` nodes (protocol/limits.py: VIEW_BEAM_SIZE)."""
         async with asyncio.timeout(self.timeout_s):
             found = await self.dht.get(dht_key(self.swarm, field), latest=True, return_future=True,
-                                       beam_size=DHT_BEAM_SIZE)
+                                       beam_size=beam_size)
         return self._valid(field, found, prefer)
 
-    async def read_many(self, fields: Collection[str], *, prefer: Collection[PeerId] = ()
-                        ) -> dict[str, dict[PeerId, pydantic.BaseModel]]:
+    async def read_many(self, fields: Collection[str], *, prefer: Collection[PeerId] = (),
+                        beam_size: int = DHT_BEAM_SIZE) -> dict[str, dict[PeerId, pydantic.BaseModel]]:
         """As `read`, for several keys in one search of the DHT: the nodes on the way are asked for all the keys at
         once, so a peer that polls two keys (a volunteer's plan and the links it is asked to measure) costs the
         swarm's nodes about half the requests of two reads."""
         keys = {dht_key(self.swarm, field): field for field in fields}
         async with asyncio.timeout(self.timeout_s):
-            found = await self.dht.run_coroutine(functools.partial(_latest_values, keys=tuple(keys)),
-                                                 return_future=True)
+            found = await self.dht.run_coroutine(functools.partial(_latest_values, keys=tuple(keys),
+                                                                   beam_size=beam_size), return_future=True)
         return {field: {owner: record for owner, (record, _) in self._valid(field, found.get(key), prefer).items()}
                 for key, field in keys.items()}
 
@@ -185,8 +186,8 @@ class SwarmRecords:
             )
 
 
-async def _latest_values(_dht: DHT, node: DHTNode, *, keys: tuple[str, ...]
+async def _latest_values(_dht: DHT, node: DHTNode, *, keys: tuple[str, ...], beam_size: int
                          ) -> dict[str, ValueWithExpiration | None]:
     """Runs in the DHT's process (DHT.run_coroutine): the latest value of each key, as DHT.get(latest=True) finds
-    one, from a single search."""
-    return await node.get_many(keys, sufficient_expiration_time=math.inf, beam_size=DHT_BEAM_SIZE)
+    one, from a single search of `beam_size` nodes."""
+    return await node.get_many(keys, sufficient_expiration_time=math.inf, beam_size=beam_size)

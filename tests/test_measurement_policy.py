@@ -84,14 +84,15 @@ def test_link_requests_are_bounded_join_two_peers_and_name_each_peers_partners()
         LinkRequests(coordinator_id=a, pairs=[(a, b)] * (MAX_REQUESTED_LINKS + 1), updated_at=0.0)
 
 
-def test_a_link_asked_for_while_a_round_runs_is_probed_next_not_after_the_round(monkeypatch):
+def test_a_link_asked_for_while_a_round_runs_is_probed_next_and_ends_the_round(monkeypatch):
     """A round of probes takes tens of seconds, and the coordinator holds its plan until the links it asked for are
-    in: the prober chooses each probe after the last (client/peer/link_prober.py)."""
+    in: the prober chooses each probe after the last, and a round ends on an asked link, which the volunteer then
+    publishes (client/peer/link_prober.py); the next round probes the rest."""
     peers = swarm(6)
     me, others = min(peers), {peer: r for peer, r in peers.items() if peer != min(peers)}
     node = SimpleNamespace(peer_id=me, p2p=None, config=SimpleNamespace(swarm="policy"))
 
-    def probe_round(ask_after_first: str | None = None) -> list[str]:
+    def probe_rounds(rounds: int, ask_after_first: str | None = None) -> list[list[str]]:
         prober, probed = LinkProber(node, VolunteerConfig()), []
 
         async def measure(_p2p, peer, **_options) -> LinkMeasurement:
@@ -101,10 +102,13 @@ def test_a_link_asked_for_while_a_round_runs_is_probed_next_not_after_the_round(
             return LinkMeasurement(latency_ms=1.0, bandwidth_mbps=1.0, measured_at=get_dht_time(), samples=1)
 
         monkeypatch.setattr(link_prober, "measure_link", measure)
-        asyncio.run(prober.round(others))
-        return probed
+        by_round = []
+        for _ in range(rounds):
+            before = len(probed)
+            assert asyncio.run(prober.round(others))
+            by_round.append(probed[before:])
+        return by_round
 
-    unasked = probe_round()
+    [unasked] = probe_rounds(1)
     assert sorted(unasked) == sorted(others)
-    asked = probe_round(ask_after_first=unasked[-1])
-    assert asked == [unasked[0], unasked[-1], *unasked[1:-1]]
+    assert probe_rounds(2, ask_after_first=unasked[-1]) == [[unasked[0], unasked[-1]], unasked[1:-1]]

@@ -185,7 +185,7 @@ class _ReadOnDemand:
     def __init__(self, newcomer: str) -> None:
         self.newcomer, self.reads = newcomer, 0
 
-    async def read_expiring(self, field: str, prefer=()) -> dict[str, tuple[PeerRecord, float]]:
+    async def read_expiring(self, field: str, prefer=(), beam_size=None) -> dict[str, tuple[PeerRecord, float]]:
         assert field == PEERS_FIELD
         self.reads += 1
         return {} if self.reads == 1 else {self.newcomer: (make_record(self.newcomer), get_dht_time() + 60.0)}
@@ -224,7 +224,7 @@ class _Reads:
     def __init__(self, *views: dict[str, PeerRecord]) -> None:
         self.views, self.reads = views, 0
 
-    async def read_expiring(self, field: str, prefer=()) -> dict[str, tuple[PeerRecord, float]]:
+    async def read_expiring(self, field: str, prefer=(), beam_size=None) -> dict[str, tuple[PeerRecord, float]]:
         view = self.views[min(self.reads, len(self.views) - 1)]
         self.reads += 1
         return {peer: (record, get_dht_time() + 60.0) for peer, record in view.items()}

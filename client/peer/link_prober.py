@@ -93,12 +93,16 @@ class LinkProber:
         that a link the coordinator asks for while a round runs is measured next, not after the round (a probe
         takes seconds; the coordinator holds its plan until the links are in). Then forgets the failures of peers
         no longer in view, and their measurements once the epoch that took them is over (a peer back within it is
-        not probed again). Returns whether a link was measured anew."""
+        not probed again). A round that measured a link the coordinator asked for, or a plan's partner, ends
+        there, so that the caller publishes it at once. Returns whether a link was measured anew."""
         measured = False
         for _ in range(self.config.max_probes_per_round):
             if (peer := self._next_due(peers)) is None:
                 break
-            measured = await self._probe_one(peer) or measured
+            if await self._probe_one(peer):
+                measured = True
+                if peer in self.asked or peer in self.partners():
+                    break  # waited for: the record carries it now, not after up to 7 more probes
         in_view = set(peers)
         self.links = {p: m for p, m in self.links.items() if p in in_view or p in self._probed}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}

@@ -46,6 +46,14 @@ P2PD_START_TIMEOUT_S = 45.0
 cores (benchmarks/swarm_scale.py), 25 gave up with "Daemon failed to start in 15.0 seconds". Given to the peer's
 daemon and to the one that checks its identity is free first (client/peer/hivemind_compat/identity.py); within the
 DHT's own DHT_START_TIMEOUT_S, which also covers joining through the initial peers."""
+BOOTSTRAP_ATTEMPTS = 3
+"""Starts of the DHT node when none of the initial peers answered its first ping: hivemind waits 3 s for an answer
+and gives up, and a busy initial peer can take longer (1 of 64 peers joining a 2-core machine, load average 130,
+died so: benchmarks/swarm_scale.py)."""
+BOOTSTRAP_PAUSE_S = 5.0
+"""Between those starts."""
+UNANSWERED_BOOTSTRAP = "none of the initial_peers responded"
+"""What hivemind's DHTNode.create says when no initial peer answered."""
 SITE_REFRESH_S = 1.0
 PARENT_POLL_S = 0.5
 """How often the DHT process checks that the process that started it still lives."""
@@ -152,25 +160,39 @@ def start_dht(config: NodeConfig, identity: Identity) -> hivemind.DHT:
 
     The process (and its p2pd) ends when ours does, even when ours is SIGKILLed (OwnedDHT). Both processes' p2pd
     clients, and every one this process makes later, leave an answer to a cancelled call alone
-    (client/peer/hivemind_compat/control.py)."""
+    (client/peer/hivemind_compat/control.py). A node none of whose initial peers answered its first ping in time
+    is started again, up to BOOTSTRAP_ATTEMPTS times.
+
+    The node caches nothing on other nodes (`cache_nearest=0`): hivemind's default sends what every read found, all
+    of the records under the key merged (175 KB at 64 peers), to one more node after each read, which checks every
+    record of it again; the records' owners store them on 5 nodes themselves, every T/2."""
     settle_late_answers()
     patient_identity_check(P2PD_START_TIMEOUT_S)
-    dht = OwnedDHT(
-        initial_peers=list(config.initial_peers),
-        host_maddrs=list(config.host_maddrs),
-        announce_maddrs=list(config.announce_maddrs) or None,
-        identity_path=str(identity.path),
-        client_mode=config.client_mode,
-        record_validators=make_validators(config.swarm, identity.private_key),
-        startup_timeout=P2PD_START_TIMEOUT_S,
-        start=False,
-    )
-    try:
-        dht.run_in_background(await_ready=True, timeout=DHT_START_TIMEOUT_S)
-    except Exception as e:
-        dht.shutdown()
-        raise HetswarmError(f"could not start the DHT node ({type(e).__name__}: {e}); check --initial-peers and that those peers are up") from None
-    return dht
+    attempt = 1
+    while True:
+        dht = OwnedDHT(
+            initial_peers=list(config.initial_peers),
+            host_maddrs=list(config.host_maddrs),
+            announce_maddrs=list(config.announce_maddrs) or None,
+            identity_path=str(identity.path),
+            client_mode=config.client_mode,
+            record_validators=make_validators(config.swarm, identity.private_key),
+            startup_timeout=P2PD_START_TIMEOUT_S,
+            cache_nearest=0,
+            start=False,
+        )
+        try:
+            dht.run_in_background(await_ready=True, timeout=DHT_START_TIMEOUT_S)
+            return dht
+        except Exception as e:
+            dht.shutdown()
+            if attempt == BOOTSTRAP_ATTEMPTS or UNANSWERED_BOOTSTRAP not in str(e):
+                raise HetswarmError(f"could not start the DHT node ({type(e).__name__}: {e}); check --initial-peers "
+                                    f"and that those peers are up") from None
+        logger.warning(f"None of the initial peers answered our DHT node's ping in time; trying again in "
+                       f"{BOOTSTRAP_PAUSE_S:.0f} s ({attempt} of {BOOTSTRAP_ATTEMPTS} tries)")
+        time.sleep(BOOTSTRAP_PAUSE_S)
+        attempt += 1
 
 
 def start_dht_for_process(config: NodeConfig, identity: Identity) -> hivemind.DHT:

@@ -30,7 +30,7 @@ from hetswarm.client.peer.link_prober import LinkProber
 from hetswarm.client.peer.node import SwarmNode
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, MEASURE_FIELD
-from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS
+from hetswarm.protocol.limits import DHT_TIMEOUT_S, MAX_LINKS_PER_RECORD, MAX_TOKEN_CHARS, VIEW_BEAM_SIZE
 from hetswarm.protocol.measurement_policy import DEFAULT_MAX_LINKS, partners_in
 from hetswarm.protocol.record_store import check_ttl
 from hetswarm.protocol.records import Assignment, CheckpointInfo, Hardware, LinkMeasurement, PeerRecord, PeerState
@@ -231,7 +231,8 @@ class Volunteer:
         while True:
             coordinator = self.follower.coordinator_id
             try:
-                found = await self.node.records.read_many((ASSIGNMENT_FIELD, MEASURE_FIELD), prefer=(coordinator,))
+                found = await self.node.records.read_many((ASSIGNMENT_FIELD, MEASURE_FIELD), prefer=(coordinator,),
+                                                           beam_size=VIEW_BEAM_SIZE)
                 entries = found[ASSIGNMENT_FIELD]
                 if self.prober.ask(found[MEASURE_FIELD].get(coordinator)):
                     self._probe_wanted.set()
