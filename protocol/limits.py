@@ -58,17 +58,18 @@ DHT_TIMEOUT_S = 10.0
 """Deadline of one DHT read or store; hivemind's own calls have none."""
 
 DHT_BEAM_SIZE = 10
-"""Nodes a store of a swarm key visits, and a read that is not a poll (VIEW_BEAM_SIZE): twice the 5 replicas
+"""Nodes a store of a swarm key visits, and every read but a volunteer's polls (VIEW_BEAM_SIZE): twice the 5 replicas
 hivemind stores a record on (the nodes nearest the key, which both find), where its default beam (20, Kademlia's k)
 visits every node of a swarm of up to 20 and each answers a read with every record under the key."""
 
 VIEW_BEAM_SIZE = 3
-"""Nodes a poll visits, of the peer records (protocol/remembered_peers.py: every volunteer's, the coordinator's and
-the monitors') and of the coordinator's plan and link requests (a volunteer's): the 3 nearest the key, of the 5
-every store reaches. Each node visited answers with every record under the key (2.7 KB each: 175 KB at 64 peers),
-so N volunteers reading DHT_BEAM_SIZE nodes each moved 10·N² records per view interval, the largest load of a
-standing-by swarm, and a read lasted as long as the slowest of 10 busy nodes (benchmarks/swarm_scale.py). A record
-one read misses stays in view until it expires, and a plan one poll misses comes with the next."""
+"""Nodes a volunteer's polls visit, of the peer records and of the coordinator's plan and link requests: the 3
+nearest the key, of the 5 every store reaches. Each node visited answers with every record under the key (2.7 KB
+each: 175 KB at 64 peers), so N volunteers reading DHT_BEAM_SIZE nodes each moved 10·N² records per view interval,
+the largest load of a standing-by swarm, and a read lasted as long as the slowest of 10 busy nodes
+(benchmarks/swarm_scale.py). A record one poll misses stays in view until it expires (protocol/remembered_peers.py),
+and a plan one poll misses comes with the next. The coordinator's view, which it plans on, reads DHT_BEAM_SIZE: read
+at 3 nodes, it lost a live peer of a CI run's swarm (records living 10 s) and planned it out."""
 
 MAX_RECORD_TTL_S = 3600.0
 """Longest a record may live in the DHT: every node refuses an expiration further ahead (protocol/signing.py)."""

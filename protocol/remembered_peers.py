@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from hivemind.utils import get_dht_time
 
 from hetswarm.protocol.keys import PEERS_FIELD
-from hetswarm.protocol.limits import MAX_RECORDS_PER_KEY, VIEW_BEAM_SIZE
+from hetswarm.protocol.limits import DHT_BEAM_SIZE, MAX_RECORDS_PER_KEY
 from hetswarm.protocol.record_store import SwarmRecords, kept_first
 from hetswarm.protocol.records import PeerRecord
 
@@ -47,8 +47,9 @@ class RememberedPeers:
         self._records = dict(live[:self.limit])
         return {peer: record for peer, (record, _) in self._records.items()}
 
-    async def read(self, records: SwarmRecords, *, prefer: Collection[str] = ()) -> dict[str, PeerRecord]:
-        """The view after one more read of the swarm's peer records (TimeoutError when the read timed out), of the
-        few nodes nearest the key (VIEW_BEAM_SIZE): what one read misses, the view keeps."""
-        read = await records.read_expiring(PEERS_FIELD, prefer=prefer, beam_size=VIEW_BEAM_SIZE)
+    async def read(self, records: SwarmRecords, *, prefer: Collection[str] = (), beam_size: int = DHT_BEAM_SIZE
+                   ) -> dict[str, PeerRecord]:
+        """The view after one more read of the swarm's peer records, of `beam_size` nodes (TimeoutError when the
+        read timed out); a volunteer's polls read VIEW_BEAM_SIZE."""
+        read = await records.read_expiring(PEERS_FIELD, prefer=prefer, beam_size=beam_size)
         return self.merge(read, get_dht_time(), prefer=prefer)

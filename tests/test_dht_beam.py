@@ -1,6 +1,6 @@
-"""Reads and stores of a swarm key visit DHT_BEAM_SIZE nodes, not hivemind's 20, and polls of the peer records only
-VIEW_BEAM_SIZE (protocol/limits.py): on a DHT larger than the beam, every node still reads every peer's record, by
-either read."""
+"""Reads and stores of a swarm key visit DHT_BEAM_SIZE nodes, not hivemind's 20, and a volunteer's polls of the peer
+records only VIEW_BEAM_SIZE (protocol/limits.py): on a DHT larger than the beam, every node still reads every peer's
+record, by either read."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from hetswarm.protocol.identity import peer_id_of
-from hetswarm.protocol.limits import DHT_BEAM_SIZE
+from hetswarm.protocol.limits import DHT_BEAM_SIZE, VIEW_BEAM_SIZE
 from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.remembered_peers import RememberedPeers
 from tests.helpers.dht_nodes import peers_seen_by, start_node
@@ -34,8 +34,8 @@ def test_every_node_of_a_dht_larger_than_the_read_beam_reads_every_record(tmp_pa
             for dht, key in nodes:
                 record = make_record(peer_id_of(key.get_public_key()))
                 assert await SwarmRecords(dht, SWARM, private_key=key).publish(record, ttl_s=60)
-            return [(await peers_seen_by(dht, SWARM), await RememberedPeers().read(SwarmRecords(dht, SWARM)))
-                    for dht, _ in nodes]
+            polls = [RememberedPeers().read(SwarmRecords(dht, SWARM), beam_size=VIEW_BEAM_SIZE) for dht, _ in nodes]
+            return [(await peers_seen_by(dht, SWARM), await poll) for (dht, _), poll in zip(nodes, polls)]
 
         for index, (seen, polled) in enumerate(asyncio.run(publish_then_read())):
             assert set(seen) == ids, f"node {index} read {len(seen)} of {NODES} records"

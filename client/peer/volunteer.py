@@ -271,7 +271,7 @@ class Volunteer:
             self._look_now.clear()  # a look asked for while this read runs gets a read of its own
             self._reading = True
             try:
-                peers = await self.remembered.read(self.node.records)
+                peers = await self.remembered.read(self.node.records, beam_size=VIEW_BEAM_SIZE)
             except TimeoutError:
                 self._reading = False
                 logger.debug("Reading the swarm's peer records timed out; trying again")
