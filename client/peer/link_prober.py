@@ -101,8 +101,8 @@ class LinkProber:
                 break
             if await self._probe_one(peer):
                 measured = True
-                if peer in self.asked or peer in self.partners():
-                    break  # waited for: the record carries it now, not after up to 7 more probes
+                if peer in self._waited_for():
+                    break  # the record carries it now, not after up to 7 more probes
         in_view = set(peers)
         self.links = {p: m for p, m in self.links.items() if p in in_view or p in self._probed}
         self._failures = {p: n for p, n in self._failures.items() if p in in_view}
@@ -120,13 +120,17 @@ class LinkProber:
         me, epoch = self.node.peer_id, int(get_dht_time() // self.config.reprobe_s)
         if epoch != self._epoch:
             self._epoch, self._probed = epoch, set()
-        partners = self.asked | frozenset(self.partners())
+        partners = self._waited_for()
         chosen = links_to_measure(me, peers, site=self.config.site, partners=partners,
                                   budget=self.config.max_links, epoch=epoch)
         mine = [p for p in chosen if p > me]
         first = [p for p in mine if p in partners or p in self._probed]
         room = max(self.config.max_links - len(self._probed - partners), 0)
         return first + [p for p in mine if p not in first][:room]
+
+    def _waited_for(self) -> frozenset[str]:
+        """The peers whose links are waited for: those the coordinator asks for and the plan's partners."""
+        return self.asked | frozenset(self.partners())
 
     def _wait_before_probe(self, peer: str) -> float:
         """Seconds until `peer` is due: its measurement goes stale, or its backoff after a failure runs out."""

@@ -128,7 +128,8 @@ async def fetch_state(p2p: P2P, candidates: Sequence[PeerID], *, step: int, unit
                 blob = await _download(p2p, peer, step=step, unit=unit, digest=digest, size=size,
                                        namespace=namespace, timeout_s=timeout_s)
             except _DownloadFailed as e:
-                unreachable += [peer] if e.unreachable else []
+                if e.unreachable:
+                    unreachable.append(peer)
                 why = e.why
             else:
                 if hashlib.sha256(blob).hexdigest() == digest:
@@ -312,7 +313,7 @@ async def _info(p2p: P2P, peer: PeerID, step: int, units: Sequence[str], namespa
 
 
 async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str, size: int, namespace: str,
-                    timeout_s: float) -> bytes | None:
+                    timeout_s: float) -> bytes:
     """`unit`'s encoding from `peer`, at most `size` bytes; _DownloadFailed when the peer failed. A stream that ends
     short is asked for the rest while each answer brings more (a streamed answer can be cut off once its request has
     been read: docs/hivemind.md, pitfall 13); what comes is checked against `digest` by the caller."""
