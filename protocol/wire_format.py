@@ -14,6 +14,11 @@ Compression with Guarantees") send, for a sample the link has carried before, on
 since then, in 4 or 2 bits: both ends keep the last activation of each sample (client/training/activation_deltas.py).
 It needs samples that recur, which ``ModelConfig.data_period`` gives; the first pass over them is sent whole.
 
+A sparse all-reduce (``allreduce_density``) averages, each step, only a random sample of the gradient's blocks of
+SAMPLE_BLOCK_VALUES values, the same on every member and drawn from the step alone, so no indices travel; the
+values not sent wait in the error-feedback residual for a later step (random-k with memory: Stich et al. 2018,
+"Sparsified SGD with Memory"; CocktailSGD, Wang et al. 2023, samples at random the same way before quantizing).
+
 The coordinator chooses the codecs with a policy (``CompressionPolicy``) and the plan carries them
 (``Assignment.wire``). Compressed gradients of the all-reduce keep their quantization error and add it to the next
 step's (error feedback, client/training/error_feedback.py), so that compression delays a gradient's information but
@@ -28,7 +33,7 @@ import pydantic.v1 as pydantic
 from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES", "DELTA_CODECS", "Codec",
-           "CompressionPolicy", "WireFormat", "candidate_wires"]
+           "CompressionPolicy", "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat", "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit", "4bit", "2bit"]
 CODECS: tuple[Codec, ...] = ("fp32", "fp16", "8bit")
@@ -41,12 +46,20 @@ BLOCK_VALUES = 256
 BYTES_PER_VALUE: dict[Codec, float] = {"fp32": 4.0, "fp16": 2.0, "8bit": 1 + 4 / BLOCK_VALUES,
                                        "4bit": 0.5 + 4 / BLOCK_VALUES, "2bit": 0.25 + 4 / BLOCK_VALUES}
 
-CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd"]
-COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd")
+SAMPLE_BLOCK_VALUES = BLOCK_VALUES
+"""Values per block a sparse all-reduce samples: consecutive values, so drawing the sample is cheap and each block
+sent fills one block of the 8-bit codec."""
+SPARSE_DENSITY = 1 / 16
+"""The share of the gradient the `sparse` policy's all-reduce sends each step: every value is sent, on average,
+once in 16 steps; with 8-bit values, 63 times fewer bytes than fp32."""
+
+CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse"]
+COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse")
 """`model`: the model config's byte widths (2 → fp16 activations, 4 → fp32 gradients); `none`: fp32 everywhere;
 `fp16`, `8bit`: that codec everywhere; `auto`: per plan, the least lossy wire whose predicted step time is within
 AUTO_TOLERANCE of the fastest (coordinator/planner.py); `aq-sgd`: 8-bit everywhere and 4-bit activation deltas (the
-model config needs a data_period)."""
+model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random SPARSE_DENSITY of the
+gradient per step."""
 
 AUTO_TOLERANCE = 0.05
 
@@ -62,6 +75,9 @@ class WireFormat(pydantic.BaseModel):
     activation_deltas: Codec | None = None
     """When set, an activation of a sample the link carried before is sent as its change in this codec (AQ-SGD);
     `activations` is then the codec of the first pass."""
+    allreduce_density: pydantic.confloat(strict=True, gt=0, lt=1) | None = None
+    """When set, the share of the gradient's values the all-reduce sends each step, a random sample of blocks drawn
+    alike by every member (module docstring); the rest waits in the error-feedback residual."""
 
     class Config:
         extra = pydantic.Extra.forbid
@@ -99,14 +115,17 @@ class WireFormat(pydantic.BaseModel):
 
     @property
     def allreduce_bytes_per_value(self) -> float:
-        return BYTES_PER_VALUE[self.allreduce]
+        """Per value of the gradient: a sparse all-reduce sends only its sample, and no indices."""
+        return BYTES_PER_VALUE[self.allreduce] * (self.allreduce_density or 1.0)
 
     def describe(self) -> str:
         if self.activations == self.gradients == self.allreduce:
             whole = f"{self.activations} everywhere"
         else:
             whole = f"{self.activations} activations, {self.gradients} activation gradients, {self.allreduce} all-reduce"
-        return whole + (f", {self.activation_deltas} activation deltas" if self.activation_deltas else "")
+        deltas = f", {self.activation_deltas} activation deltas" if self.activation_deltas else ""
+        sparse = f", all-reduce of {self.allreduce_density:.3g} of the gradient per step" if self.allreduce_density else ""
+        return whole + deltas + sparse
 
 
 def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireFormat]:
@@ -119,4 +138,6 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
         return [WireFormat.uniform(codec) for codec in CODECS]
     if policy == "aq-sgd":
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")]
+    if policy == "sparse":
+        return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)]
     return [WireFormat.uniform(policy)]

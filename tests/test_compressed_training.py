@@ -10,6 +10,9 @@ must never have had to resync. Compressed training stays near the fp32 reference
 With activation deltas (AQ-SGD) and a data order that repeats every 2 steps, the first pass is sent whole and the
 next two as 4-bit deltas; a send that fails after delivery at step 2 (a delta) makes the plan retry the step, and the
 retry must start from the same activation copies, so that the run again equals its fault-free twin.
+
+With a sparse all-reduce (a random 1/16 of the gradient per step, protocol/wire_format.py), the retried step draws the
+same sample and starts from the same residuals, so the run with the fault again equals its twin.
 """
 import shutil
 from dataclasses import replace
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.protocol.wire_format import WireFormat
+from hetswarm.protocol.wire_format import SPARSE_DENSITY, WireFormat
 from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import states
 from tests.helpers.tiny_training import D_DP, D_PP, TINY
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.swarm
 
 EIGHT_BIT = WireFormat.uniform("8bit")
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
+SPARSE = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)
 PERIOD = 2
 
 
@@ -94,6 +98,19 @@ def test_activation_deltas_after_the_first_pass_and_a_retried_delta_step_equals_
             assert whole >= PERIOD * micro_batches and deltas >= (STEPS - PERIOD) * micro_batches, result[end]
     assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the delta step was retried
     _assert_equal_runs(faulty, fault_free)
+
+
+@pytest.mark.timeout(300)
+def test_sparse_replicas_stay_identical_and_a_retried_step_equals_the_fault_free_run(tmp_path, identities, fault_free):
+    sparse = _run(tmp_path / "fault-free", identities, Fault.NONE, SPARSE)
+    faulty = _run(tmp_path / "faulty", identities, Fault.ONE_SIDED_PARTIAL_ALLREDUCE, SPARSE)
+    for results in (sparse, faulty):
+        _assert_replicas_identical(results)
+    assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the fault step was retried
+    _assert_equal_runs(faulty, sparse)
+    moved = max(float((value - dense["final_state"][name]).abs().max())
+                for result, dense in zip(sparse, fault_free) for name, value in result["final_state"].items())
+    assert moved > 1e-4  # the plan's sample reached the stage groups: their updates differ from the dense 8-bit run's
 
 
 @pytest.mark.timeout(300)

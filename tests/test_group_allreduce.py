@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hetswarm.client.training.errors import PartialAllReduce
+from hetswarm.client.training.gradient_sample import GradientSample
 from hetswarm.client.training.group_allreduce import StageGroup
 from tests.helpers.p2p_nodes import connected_p2ps
 
@@ -247,14 +248,14 @@ def test_centered_clip_keeps_a_scaled_contribution_from_moving_the_average(aggre
     assert error > 20 if aggregation == "mean" else error < 2, error  # honest seeds differ as much as any two
 
 
-async def _compressed_rounds(codecs: list[str], steps: int) -> tuple[list[list[list[torch.Tensor]]], list[list],
-                                                                     torch.Tensor | None]:
+async def _compressed_rounds(codecs: list[str], steps: int, **options) -> tuple[list[list[list[torch.Tensor]]],
+                                                                                list[list], torch.Tensor | None]:
     """`steps` rounds of three members whose groups send in `codecs`: each member's tensors after every round, what
     each member raised in every round, and the residuals the last round left (flat; None without error feedback or
     after a failed round): the members' mean residual of what they sent, plus each reducer's residual of the
-    averages it sent back."""
+    averages it sent back (none in a sparse round)."""
     async with connected_p2ps(3) as p2ps:
-        groups = _groups(p2ps, PATIENT if len(set(codecs)) == 1 else PROMPT, codecs)
+        groups = _groups(p2ps, PATIENT if len(set(codecs)) == 1 else PROMPT, codecs, **options)
         for group in groups:
             await group.attach()
         history, outcomes = [], []
@@ -268,9 +269,9 @@ async def _compressed_rounds(codecs: list[str], steps: int) -> tuple[list[list[l
         made = [group.feedback._made for group in groups]  # noqa: SLF001 - what the last round left
         sent = torch.stack([torch.cat([m[("sent", i)].flatten() for i in range(len(SHAPES))]) for m in made]).mean(0)
         by_peer = {group.p2p.peer_id: m for group, m in zip(groups, made)}  # reducers own consecutive parts,
-        reduced = torch.cat([by_peer[peer][key].flatten() for peer in groups[0].members  # in the group's order
-                             for key in sorted(k for k in by_peer[peer] if k[0] == "reduced")])
-        return history, outcomes, sent + reduced
+        reduced = [by_peer[peer][key].flatten() for peer in groups[0].members  # in the group's order
+                   for key in sorted(k for k in by_peer[peer] if k[0] == "reduced")]
+        return history, outcomes, sent + torch.cat(reduced) if reduced else sent
 
 
 @pytest.mark.timeout(90)
@@ -283,13 +284,38 @@ def test_a_compressed_round_leaves_every_member_with_the_same_bits_and_error_fee
     flat = [[torch.cat([t.flatten() for t in local]) for local in round_] for round_ in history]
     for round_ in flat:
         assert all(torch.equal(round_[0], other) for other in round_[1:])  # replicas stay bit-identical
-    means = [torch.cat([torch.stack([_tensors(100 * step + s)[i] for s in range(3)]).mean(0).flatten()
-                        for i in range(len(SHAPES))]) for step in range(steps)]
+    means = _means(steps)
     one_step_error = max(float((round_[0] - mean).abs().max()) for round_, mean in zip(flat, means))
     assert 0 < one_step_error < (0.002 if codec == "fp16" else 0.2)
     delivered = sum(round_[0] for round_ in flat)
     assert float(residuals.abs().max()) > 0
     torch.testing.assert_close(delivered + residuals, sum(means), rtol=0, atol=1e-5)
+
+
+def _means(steps: int) -> list[torch.Tensor]:
+    """The exact average of every round of `_compressed_rounds`, flat."""
+    return [torch.cat([torch.stack([_tensors(100 * step + s)[i] for s in range(3)]).mean(0).flatten()
+                       for i in range(len(SHAPES))]) for step in range(steps)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("codec", ["fp32", "8bit"])
+def test_a_sparse_round_sends_its_sample_alike_and_error_feedback_carries_the_rest(codec):
+    """Each round delivers the same blocks to every member, the rest as zeros; Σ_t average_t = Σ_t mean_t − the
+    residuals left, so what a round did not send is carried to later rounds, never dropped."""
+    steps, density = 6, 0.4  # SHAPES make 5 blocks of 256 values: 2 a round
+    history, outcomes, residuals = asyncio.run(_compressed_rounds([codec] * 3, steps, density=density))
+    assert outcomes == [[None, None, None]] * steps
+    flat = [[torch.cat([t.flatten() for t in local]) for local in round_] for round_ in history]
+    samples = [GradientSample(flat[0][0].numel(), density=density, round_tag="ar-test/v1/stage0", step=step)
+               for step in range(steps)]
+    for round_, sample in zip(flat, samples):
+        assert all(torch.equal(round_[0], other) for other in round_[1:])  # replicas stay bit-identical
+        in_sample = sample.scatter(sample.gather(torch.ones_like(round_[0])), into=torch.zeros_like(round_[0])).bool()
+        assert not round_[0][~in_sample].any()
+        assert float((round_[0][in_sample] != 0).float().mean()) > 0.9  # 8-bit rounds a few averages to zero
+    assert len({tuple(sample.chosen.tolist()) for sample in samples}) > 1  # the sample moves from step to step
+    torch.testing.assert_close(sum(round_[0] for round_ in flat) + residuals, sum(_means(steps)), rtol=0, atol=1e-5)
 
 
 @pytest.mark.timeout(60)

@@ -123,7 +123,7 @@ def test_the_plans_wire_is_shown():
     snap = SwarmSnapshot(swarm="s", peers=records, assignments={IDS[9]: assignment}, progress={}, read_at=0.0)
     shown = snap.to_json()
     assert shown["assignment"]["wire"] == {"activations": "8bit", "gradients": "fp16", "allreduce": "8bit",
-                                           "activation_deltas": "4bit"}
+                                           "activation_deltas": "4bit", "allreduce_density": None}
     assert ("wire: 8bit activations, fp16 activation gradients, 8bit all-reduce, 4bit activation deltas"
             in printed(shown))
 

@@ -79,9 +79,10 @@ def coordinator(
     compression: Annotated[str, typer.Option(help="Codecs of activations, their gradients and the all-reduce: "
                                                   "model (the model's widths: fp16 activations, fp32 gradients), "
                                                   "none (fp32), fp16, 8bit, or auto (the least lossy within 5 % of "
-                                                  "the fastest predicted step), or aq-sgd (8bit, and 4-bit "
+                                                  "the fastest predicted step), aq-sgd (8bit, and 4-bit "
                                                   "activation deltas from the second pass on; needs "
-                                                  "--data-period).")] = "model",
+                                                  "--data-period), or sparse (8bit, and each step's all-reduce "
+                                                  "of a random 1/16 of the gradient).")] = "model",
     data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
                                                             "aq-sgd needs it.")] = None,
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "

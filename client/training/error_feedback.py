@@ -54,6 +54,10 @@ class ErrorFeedback:
         if round_ == self._round:
             self._made[key] = residual
 
+    def made(self) -> dict[Hashable, torch.Tensor]:
+        """The residuals the round in progress recorded so far."""
+        return dict(self._made)
+
     def complete(self, round_: AttemptKey) -> None:
         """`round_` succeeded: its residuals are carried on if its step is committed (`begin` of a later step)."""
         if round_ == self._round:

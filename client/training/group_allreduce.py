@@ -17,6 +17,10 @@ docs/hivemind.md pitfall 13), and the reducer keeps its averages for that (``_An
 round ends: one share of the stage's gradients, in the wire codec. It answers again only a member whose parts it
 counted.
 
+A sparse group (``density``) averages, each round, only the sample of blocks its members draw alike from the step
+(client/training/gradient_sample.py); every other value of a member's gradient stays in its error-feedback residual,
+and each member holds the same averages, zero outside the sample.
+
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
 after every round and raises ``PartialAllReduce`` rather than hand back a partial average.
@@ -42,6 +46,7 @@ from hetswarm.client.peer.served import Served
 from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner, RecordingCompression
+from hetswarm.client.training.gradient_sample import GradientSample, flatten, unflatten
 from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO
 from hetswarm.client.training.reduction_audit import parse_reveal_request, shown_part
 from hetswarm.protocol.codecs import allreduce_compression
@@ -192,7 +197,8 @@ class StageGroup(Served):
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
         reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-        part_norm_ratio: float | None = MAX_PART_NORM_RATIO, private_key: RSAPrivateKey | None = None,
+        density: float | None = None, part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
+        private_key: RSAPrivateKey | None = None,
     ) -> None:
         """
         Args:
@@ -203,6 +209,8 @@ class StageGroup(Served):
                 spread between the members' backward passes. Must be below ``reducer_timeout_s``.
             aggregation: how a reducer combines the members' versions of a part (ExactAllReduceRunner).
             codec: how parts travel (protocol/wire_format.py); a lossy one carries error feedback across steps.
+            density: when set, each round averages only this share of the values, a sample of blocks every member
+                draws alike (client/training/gradient_sample.py); the rest is carried by error feedback.
             part_norm_ratio: how much larger than this member's own a sender's part may be (ExactAllReduceRunner);
                 None for a group whose members hold different gradients by design (tied_embeddings.py).
             private_key: this member's identity: with it, an fp32 group's parts are signed and its reducers audited
@@ -214,8 +222,8 @@ class StageGroup(Served):
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
         self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
-        self.codec, self.part_norm_ratio, self.private_key = codec, part_norm_ratio, private_key
-        self.feedback = ErrorFeedback() if codec != "fp32" else None
+        self.codec, self.density, self.part_norm_ratio, self.private_key = codec, density, part_norm_ratio, private_key
+        self.feedback = ErrorFeedback() if codec != "fp32" or density is not None else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
         self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s, answer_wait_s=reducer_timeout_s)
@@ -239,17 +247,23 @@ class StageGroup(Served):
         if len(self.members) == 1:
             return
         copies = [tensor.detach().to("cpu", torch.float32, copy=True) for tensor in tensors]
-        sent_errors = [torch.zeros_like(copy) for copy in copies]
         if self.feedback is not None:
             self.feedback.begin(step, attempt)
             for index, copy in enumerate(copies):
                 copy.add_(self.feedback.residual(("sent", index), copy))
-        wire_bytes = int(sum(copy.numel() for copy in copies) * BYTES_PER_VALUE[self.codec])
+        sample = None if self.density is None else GradientSample(
+            sum(copy.numel() for copy in copies), density=self.density, round_tag=self.round_tag, step=step)
+        sent = copies if sample is None else [sample.gather(flatten(copies))]
+        sent_errors = [torch.zeros_like(part) for part in sent]
+        reduced = None if sample is None else ErrorFeedback()  # this round's errors of the averages we reduce
+        if reduced is not None:
+            reduced.begin(step, attempt)
+        wire_bytes = int(sum(part.numel() for part in sent) * BYTES_PER_VALUE[self.codec])
         runner = ExactAllReduceRunner(
             p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
-            tensors=copies, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
+            tensors=sent, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
             sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
-            codec=self.codec, feedback=self.feedback, feedback_round=(step, attempt),
+            codec=self.codec, feedback=self.feedback if reduced is None else reduced, feedback_round=(step, attempt),
             part_norm_ratio=self.part_norm_ratio, private_key=self.private_key,
             compression=(allreduce_compression(self.codec) if self.feedback is None
                          else RecordingCompression(allreduce_compression(self.codec), sent_errors)),
@@ -262,12 +276,28 @@ class StageGroup(Served):
             await self._audit(runner, step)
         finally:
             runner.cancel_checks()
+        if sample is not None:
+            carried = sent_errors[0] + len(self.members) * self._reduced_errors(runner, reduced)
+            sent_errors = unflatten(sample.scatter(carried, into=flatten(copies)), copies)
+            averages = unflatten(sample.scatter(averages[0], into=torch.zeros(sample.numel)), copies)
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
             self.feedback.complete((step, attempt))
         for tensor, averaged in zip(tensors, averages):
             tensor.copy_(averaged)
+
+    @staticmethod
+    def _reduced_errors(runner: ExactAllReduceRunner, reduced: ErrorFeedback) -> torch.Tensor:
+        """What the codec cut from the averages this member reduced in a sparse round, where they lie in the values
+        sent (its parts are views of them). A reducer's residual of a sample's average would belong to other values
+        at the next step; so it joins this member's own residual instead, n times over: n members' residuals are
+        averaged when their blocks are next sent (with the mean; CenteredClip may clip it)."""
+        errors = torch.zeros(runner.tensor_part_container.total_size)
+        for (_, part_index), error in reduced.made().items():
+            start = runner.parts_for_local_averaging[part_index].storage_offset()
+            errors[start:start + error.numel()] = error.reshape(-1)
+        return errors
 
     async def _complete_round(self, runner: ExactAllReduceRunner, round_: _Round, step: int) -> list[torch.Tensor]:
         """Runs the round; returns the reducers' averages, one per tensor, bit-identical on every member. They are
