@@ -251,9 +251,10 @@ class StageGroup(Served):
             self.feedback.begin(step, attempt)
             for index, copy in enumerate(copies):
                 copy.add_(self.feedback.residual(("sent", index), copy))
-        sample = None if self.density is None else GradientSample(
-            sum(copy.numel() for copy in copies), density=self.density, round_tag=self.round_tag, step=step)
-        sent = copies if sample is None else [sample.gather(flatten(copies))]
+        flat = None if self.density is None else flatten(copies)
+        sample = None if flat is None else GradientSample(flat.numel(), density=self.density,
+                                                          round_tag=self.round_tag, step=step)
+        sent = copies if sample is None else [sample.gather(flat)]
         sent_errors = [torch.zeros_like(part) for part in sent]
         reduced = None if sample is None else ErrorFeedback()  # this round's errors of the averages we reduce
         if reduced is not None:
@@ -278,7 +279,7 @@ class StageGroup(Served):
             runner.cancel_checks()
         if sample is not None:
             carried = sent_errors[0] + len(self.members) * self._reduced_errors(runner, reduced)
-            sent_errors = unflatten(sample.scatter(carried, into=flatten(copies)), copies)
+            sent_errors = unflatten(sample.scatter(carried, into=flat), copies)
             averages = unflatten(sample.scatter(averages[0], into=torch.zeros(sample.numel)), copies)
         if self.feedback is not None:
             for index, error in enumerate(sent_errors):
