@@ -23,9 +23,8 @@ from hetswarm.coordinator.scheduling.live_cost import Execution, NoFeasiblePlan,
 from hetswarm.coordinator.scheduling.live_objective import fitting
 from hetswarm.coordinator.scheduling.scheduler import find_plan
 from hetswarm.coordinator.scheduling.search import SearchConfig
-from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
-from hetswarm.protocol.network import HARDWARE_SCENARIOS, load_network
+from hetswarm.protocol.network import HARDWARE_SCENARIOS, load_hardware, load_network
 
 MODEL = get_model_config("paper-gpt3-xl")
 

@@ -24,9 +24,8 @@ from hetswarm.coordinator.scheduling.live_objective import Hardware, fitting
 from hetswarm.coordinator.scheduling.plan import cost_plan
 from hetswarm.coordinator.scheduling.scheduler import find_plan
 from hetswarm.coordinator.scheduling.search import SearchConfig
-from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.model_config import get_model_config
-from hetswarm.protocol.network import Network, load_network
+from hetswarm.protocol.network import Network, load_hardware, load_network
 
 MODEL = get_model_config("paper-gpt3-xl")
 CARDS = {"T4": (65.0, 14.9, 0.45), "RTX 4090": (165.2, 22.35, 0.25), "RTX 3090": (71.0, 22.35, 0.15),

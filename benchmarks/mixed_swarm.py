@@ -25,9 +25,9 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 from hetswarm.client.local.demo import DEMO_COMPRESSION, DemoConfig, run_swarm
 from hetswarm.coordinator.planner import PlannerConfig, propose
 from hetswarm.coordinator.scheduling.search import SearchConfig
-from hetswarm.coordinator.swarm_view import SwarmView, load_hardware
+from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.model_config import load_model_config
-from hetswarm.protocol.network import load_network
+from hetswarm.protocol.network import load_hardware, load_network
 
 PLACEMENTS = ("scheduled", "paper", "random", "default")
 RANDOM_DRAWS = 200

@@ -51,7 +51,7 @@ def build_assignment(proposal: Proposal, *, coordinator_id: str, version: int, r
         handoff=handoff,
         checkpoints=checkpoints,
         aggregation=aggregation,
-        wire=proposal.wire,
+        wire=proposal.wire.to_dict(),
         eval_every=eval_every,
         bottleneck=bottleneck_hop(proposal),
     )

@@ -6,8 +6,9 @@ Degrees left to `auto` are chosen among the shapes the peers' memory allows (D_P
 fewest stages first until the time budget is spent; D_DP as many pipelines as the peers fill, or as the peers of
 each faster tier fill, the much slower ones standing by: scheduler.speed_tiers), by the live model's predicted step
 time. So is the wire under the `auto` compression policy (protocol/wire_format.py): the search places peers for the
-lightest wire, and the plan takes the least lossy wire predicted within AUTO_TOLERANCE of the fastest on that
-placement.
+lightest wire; on that placement the plan takes the least lossy uniform wire predicted within AUTO_TOLERANCE of the
+fastest, then gives each hop and stage group the least lossy codec that keeps the step there
+(coordinator/scheduling/wire_choice.py).
 
 The replanner (coordinator/replanner.py) decides when a proposal becomes a published plan.
 """
@@ -27,24 +28,18 @@ from hetswarm.coordinator.scheduling.live_cost import (
     LiveBreakdown,
     NoFeasiblePlan,
     StageCosts,
-    predict_step_s,
 )
 from hetswarm.coordinator.scheduling.live_objective import Hardware, execution_options, fitting
-from hetswarm.coordinator.scheduling.plan import Plan, cost_plan
+from hetswarm.coordinator.scheduling.plan import Plan
 from hetswarm.coordinator.scheduling.scheduler import candidate_shapes, find_plan, shapes_in_time, speed_tiers
 from hetswarm.coordinator.scheduling.search import SearchConfig
+from hetswarm.coordinator.scheduling.wire_choice import choose_wire
 from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_ids
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GIB
-from hetswarm.protocol.wire_format import (
-    AUTO_TOLERANCE,
-    COMPRESSION_POLICIES,
-    CompressionPolicy,
-    WireFormat,
-    candidate_wires,
-)
+from hetswarm.protocol.wire_format import COMPRESSION_POLICIES, CompressionPolicy, WireFormat, candidate_wires
 
 __all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "deployed", "propose", "reprice"]
 
@@ -148,7 +143,7 @@ class Proposal:
             "standbys": list(self.standbys),
             "predicted_step_s": self.live.total_s,
             "breakdown": self.live.to_dict(),
-            "wire": self.wire.dict(),
+            "wire": self.wire.to_dict(),
             "execution": {"stage_layers": self.execution.stage_layers, "micro_batches": self.execution.micro_batches,
                           "recompute": self.execution.recompute, "schedule": self.execution.schedule},
         }
@@ -185,7 +180,7 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
         try:
             grid, execution = _place(placed, config.model, config.placement, d_dp=d_dp, d_pp=d_pp, search=search,
                                      wire=wires[-1])
-            proposal = _least_lossy(placed, grid, config.model, wires, execution)
+            proposal = _priced(placed, grid, config.model, wires, execution)
         except NoFeasiblePlan as e:
             refusals.append(f"{d_dp}×{d_pp}: {e}")
             continue
@@ -201,43 +196,30 @@ def propose(view: SwarmView, config: PlannerConfig, *, prefer: frozenset[str] = 
     return best
 
 
-def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wire: WireFormat, execution: Execution
+def _priced(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wires: list[WireFormat], execution: Execution
             ) -> Proposal:
-    """The proposal that deploys `grid` on the peers of `placed` with `wire`, run as `execution`, priced by both
-    models."""
-    d_pp, d_dp = grid.shape
-    paper = PaperCostModel(placed.network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire), d_dp=d_dp,
-                           d_pp=d_pp)
-    stage_dp_bytes = np.array([model.dp_payload_bytes_of(count, first=s == 0, last=s == d_pp - 1,
-                                                         bytes_per_value=wire.allreduce_bytes_per_value)
-                               for s, count in enumerate(execution.layer_counts)])
-    plan = cost_plan(paper, grid, stage_dp_bytes)
-    live = predict_step_s(plan, model, tflops=placed.tflops, memory_gib=placed.memory_gib,
-                          latency_ms=placed.network.latency_ms, execution=execution)
-    return Proposal(view=placed, plan=plan, live=live, model=model, wire=wire, execution=execution)
-
-
-def _least_lossy(placed: SwarmView, grid: np.ndarray, model: ModelConfig, wires: list[WireFormat],
-                 execution: Execution) -> Proposal:
-    """Of `wires` (least lossy first), the first whose predicted step is within AUTO_TOLERANCE of the fastest."""
-    priced = [_priced(placed, grid, model, wire, execution) for wire in wires]
-    fastest = min(proposal.live.total_s for proposal in priced)
-    return next(p for p in priced if p.live.total_s <= fastest * (1 + AUTO_TOLERANCE))
+    """The proposal that deploys `grid` on the peers of `placed`, run as `execution`, with the wire chosen among
+    `wires` (one: that wire; coordinator/scheduling/wire_choice.py)."""
+    hardware = Hardware(model=model, tflops=placed.tflops, memory_gib=placed.memory_gib)
+    priced = choose_wire(placed.network, hardware, grid, wires, execution)
+    return Proposal(view=placed, plan=priced.plan, live=priced.live, model=model, wire=priced.wire,
+                    execution=execution)
 
 
 def reprice(proposal: Proposal, view: SwarmView) -> Proposal:
     """The same deployment priced on a fresher view of the same peers."""
-    repriced = _priced(view.subset(list(proposal.view.peer_ids)), proposal.plan.grid, proposal.model, proposal.wire,
-                       proposal.execution)
+    repriced = _priced(view.subset(list(proposal.view.peer_ids)), proposal.plan.grid, proposal.model,
+                       [proposal.wire], proposal.execution)
     return replace(repriced, standbys=proposal.standbys)
 
 
-def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wire: WireFormat,
+def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wires: list[WireFormat],
              execution: Execution | None = None) -> Proposal:
     """The proposal that deploys given pipelines (pipeline r: the peer of each stage) as they are, priced on `view`;
     the view's other peers are its standbys. How a coordinator takes over a plan it did not search for now.
 
     Args:
+        wires: one, the plan's; or a policy's candidates (`candidate_wires`), to choose among for these links.
         execution: how the stages run; None: the model's even cut, run the first way that fits (`fitting`).
 
     Raises:
@@ -252,7 +234,7 @@ def deployed(view: SwarmView, pipelines: list[list[str]], model: ModelConfig, wi
     index = {peer: i for i, peer in enumerate(placed_ids)}
     grid = np.array([[index[peer] for peer in chain] for chain in pipelines], dtype=np.int64).T  # (d_pp, d_dp)
     execution = execution or fitting(model, placed.memory_gib[grid])
-    return replace(_priced(placed, grid, model, wire, execution),
+    return replace(_priced(placed, grid, model, wires, execution),
                    standbys=tuple(p for p in view.peer_ids if p not in index))
 
 

@@ -176,7 +176,7 @@ class Replanner:
         """`basis` again, a previous run's plan priced on the peers in view."""
         if isinstance(basis, Proposal):
             return basis
-        return deployed(build_view(records), basis.pipelines, self.config.model, basis.wire_format(), _runs(basis))
+        return deployed(build_view(records), basis.pipelines, self.config.model, [basis.wire_format()], _runs(basis))
 
     def _reconsider(self, records: dict[str, PeerRecord], now: float, current: Proposal
                     ) -> tuple[Proposal, str] | None:

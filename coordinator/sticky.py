@@ -31,6 +31,7 @@ from hetswarm.coordinator.swarm_view import SwarmView
 from hetswarm.protocol.keys import short_id
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GB
+from hetswarm.protocol.wire_format import candidate_wires
 
 __all__ = ["STATE_BYTES_PER_PARAM", "Migration", "held_layers", "held_stages", "migration", "search_pays",
            "sticky_or_searched", "sticky_pipelines"]
@@ -162,13 +163,13 @@ def sticky_or_searched(view: SwarmView, searched: Proposal, in_force: list[list[
                        config: PlannerConfig) -> tuple[Proposal, str]:
     """The plan in force with its gaps filled, run as it `runs`, unless the search's plan pays for its moves
     (module docstring); and which peers move, and why."""
-    model, wire = config.model, searched.wire
+    model, wires = config.model, candidate_wires(config.compression, config.model)
     held = held_layers(in_force, runs.stage_layers)
-    kept = sticky_pipelines(in_force, view, d_dp=config.d_dp,
-                            price=lambda pipelines: deployed(view, pipelines, model, wire, runs).live.total_s)
+    kept = sticky_pipelines(in_force, view, d_dp=config.d_dp,  # peers placed for the lightest wire, as the search does
+                            price=lambda pipelines: deployed(view, pipelines, model, wires[-1:], runs).live.total_s)
     moves = migration(searched.pipelines, searched.execution.stage_layers, held, view, model)
     try:
-        sticky = deployed(view, kept, model, wire, runs) if kept is not None else None
+        sticky = deployed(view, kept, model, wires, runs) if kept is not None else None  # its own links' codecs
     except NoFeasiblePlan:
         sticky = None
     if sticky is None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,11 +25,11 @@ from hetswarm.coordinator.link_estimate import (
     fit_links,
     held_out_error,
 )
-from hetswarm.protocol.network import InvalidNetwork, Network, load_scenario
+from hetswarm.protocol.network import Network
 from hetswarm.protocol.records import PeerRecord
 from hetswarm.protocol.units import MBPS_PER_GBPS
 
-__all__ = ["SwarmView", "build_view", "load_hardware", "trainable_peers"]
+__all__ = ["SwarmView", "build_view", "trainable_peers"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +168,3 @@ def _estimate_missing(latency: np.ndarray, bandwidth: np.ndarray, measured: np.n
         bandwidth[i, j] = bandwidth[j, i] = bw
         estimated[int(i), int(j)] = how
     return dict(sorted(estimated.items())), error
-
-
-def load_hardware(scenario: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(tflops, memory_gib) per device from a saved view or plan (SwarmView.to_dict), or from a scenario with
-    hardware (protocol/network.py); None for a scenario without."""
-    try:
-        devices = load_scenario(str(scenario))[0]["devices"]
-        return (np.array([float(d["tflops"]) for d in devices]), np.array([float(d["memory_gib"]) for d in devices]))
-    except (InvalidNetwork, OSError, ValueError, KeyError, TypeError):
-        return None

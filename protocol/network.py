@@ -21,8 +21,8 @@ import numpy as np
 
 from hetswarm.protocol.errors import RejectedInput
 
-__all__ = ["HARDWARE_SCENARIOS", "InvalidNetwork", "Network", "PAPER_SCENARIOS", "SCENARIOS", "load_network",
-           "load_scenario"]
+__all__ = ["HARDWARE_SCENARIOS", "InvalidNetwork", "Network", "PAPER_SCENARIOS", "SCENARIOS", "load_hardware",
+           "load_network", "load_scenario"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,3 +229,13 @@ def _twin_classes(latency: np.ndarray, bandwidth: np.ndarray, sites: tuple[str, 
                 classes[d] = next_class
                 next_class += 1
     return classes
+
+
+def load_hardware(scenario: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tflops, memory_gib) per device from a saved view or plan (coordinator/swarm_view.py, SwarmView.to_dict), or
+    from a scenario with hardware; None for a scenario without."""
+    try:
+        devices = load_scenario(str(scenario))[0]["devices"]
+        return (np.array([float(d["tflops"]) for d in devices]), np.array([float(d["memory_gib"]) for d in devices]))
+    except (InvalidNetwork, OSError, ValueError, KeyError, TypeError):
+        return None

@@ -53,6 +53,10 @@ _Seconds = confloat(strict=True, ge=0.0, le=MAX_SECONDS)
 _Timestamp = confloat(strict=True, ge=0.0, lt=MAX_TIMESTAMP)
 """hivemind DHT time. Every float field has bounds, so NaN and infinities are refused too (they fail any bound)."""
 _Step = conint(strict=True, ge=0, le=MAX_STEP)
+_Codec = constr(strict=True, max_length=8)
+_WireValue = (_Codec | confloat(strict=True, gt=0.0, lt=1.0) | conlist(_Codec, max_items=MAX_PEERS_PER_ASSIGNMENT)
+              | conlist(conlist(_Codec, max_items=MAX_PEERS_PER_ASSIGNMENT), max_items=MAX_PEERS_PER_ASSIGNMENT) | None)
+"""A WireFormat field's value: a codec, a density, or the per-link lists; `Assignment._consistent` checks the whole."""
 _LayerRange = conlist(conint(strict=True, ge=0, le=MAX_LAYERS), min_items=2, max_items=2)
 """[a, b): a reader may expand it layer by layer, so its ends are bounded (and `_ordered` checks a < b)."""
 
@@ -231,8 +235,9 @@ class Assignment(_Record):
     checkpoints: CheckpointPlan | None = None
     aggregation: Aggregation = "mean"
     """How stage groups combine gradients: the mean, or CenteredClip for open swarms."""
-    wire: WireFormat | None = None
-    """The codec of each transfer (protocol/wire_format.py); None: the model config's byte widths."""
+    wire: dict[_Name, _WireValue] | None = None
+    """WireFormat fields, the codec of each transfer (protocol/wire_format.py); None: the model config's byte
+    widths."""
     eval_every: _Step = 0
     """Every pipeline measures its loss on the held-out set after each step s with (s + 1) % eval_every == 0; 0:
     never (client/training/stage_worker.py)."""
@@ -253,7 +258,7 @@ class Assignment(_Record):
         Raises:
             TypeError, ValueError: the model fields do not make a ModelConfig.
         """
-        return self.wire or WireFormat.of_model(self.model_config())
+        return WireFormat.from_dict(self.wire) if self.wire is not None else WireFormat.of_model(self.model_config())
 
     @pydantic.root_validator(skip_on_failure=True)
     def _consistent(cls, values: dict) -> dict:
@@ -276,6 +281,10 @@ class Assignment(_Record):
         checkpoints = values.get("checkpoints")
         if checkpoints is not None and len(checkpoints.savers) != d_pp:
             raise ValueError(f"expected a checkpoint saver entry for each of {d_pp} stages")
+        wire = values.get("wire")
+        if wire is not None and not WireFormat.from_dict(wire).fits(d_pp, d_dp):
+            raise ValueError(f"the wire's per-link codecs are not one per hop and per stage group of a "
+                             f"{d_dp}×{d_pp} plan")
         return values
 
 

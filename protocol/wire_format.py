@@ -20,15 +20,20 @@ values not sent wait in the error-feedback residual for a later step (random-k w
 "Sparsified SGD with Memory"; CocktailSGD, Wang et al. 2023, samples at random the same way before quantizing).
 
 The coordinator chooses the codecs with a policy (``CompressionPolicy``) and the plan carries them
-(``Assignment.wire``). Compressed gradients of the all-reduce keep their quantization error and add it to the next
-step's (error feedback, client/training/error_feedback.py), so that compression delays a gradient's information but
-does not lose it. Pure Python: the scheduler prices a wire without importing torch.
+(``Assignment.wire``). Under `auto` the choice is per link: each pipeline hop and each stage group's all-reduce
+gets the least lossy codec that keeps the plan's predicted step near its fastest (coordinator/planner.py), so a
+fast hop inside a site keeps full precision while a slow one between regions goes 8-bit. Compressed gradients of
+the all-reduce keep their quantization error and add it to the next step's (error feedback,
+client/training/error_feedback.py), so that compression delays a gradient's information but does not lose it.
+
+Pure Python, without pydantic: the scheduler and `hetswarm schedule` price a wire on a laptop; the assignment
+record (protocol/records.py) checks a received wire with `WireFormat.from_dict`.
 """
 from __future__ import annotations
 
-from typing import Literal
-
-import pydantic.v1 as pydantic
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from hetswarm.protocol.model_config import ModelConfig
 
@@ -56,15 +61,16 @@ once in 16 steps; with 8-bit values, 63 times fewer bytes than fp32."""
 CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse")
 """`model`: the model config's byte widths (2 → fp16 activations, 4 → fp32 gradients); `none`: fp32 everywhere;
-`fp16`, `8bit`: that codec everywhere; `auto`: per plan, the least lossy wire whose predicted step time is within
-AUTO_TOLERANCE of the fastest (coordinator/planner.py); `aq-sgd`: 8-bit everywhere and 4-bit activation deltas (the
+`fp16`, `8bit`: that codec everywhere; `auto`: per link, the least lossy codecs that keep the predicted step time
+within AUTO_TOLERANCE of the fastest (coordinator/planner.py); `aq-sgd`: 8-bit everywhere and 4-bit activation deltas (the
 model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random SPARSE_DENSITY of the
 gradient per step."""
 
 AUTO_TOLERANCE = 0.05
 
 
-class WireFormat(pydantic.BaseModel):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WireFormat:
     """The codec of each transfer of a plan; part of the Assignment, so every peer sends and expects the same."""
 
     activations: Codec
@@ -74,26 +80,77 @@ class WireFormat(pydantic.BaseModel):
     """The stage group's gradient all-reduce."""
     activation_deltas: Codec | None = None
     """When set, an activation of a sample the link carried before is sent as its change in this codec (AQ-SGD);
-    `activations` is then the codec of the first pass."""
-    allreduce_density: pydantic.confloat(strict=True, gt=0, lt=1) | None = None
+    the hop's whole codec is then the codec of the first pass."""
+    allreduce_density: float | None = None
     """When set, the share of the gradient's values the all-reduce sends each step, a random sample of blocks drawn
     alike by every member (module docstring); the rest waits in the error-feedback residual."""
+    hops: tuple[tuple[Codec, ...], ...] | None = None
+    """Per link: hops[s][r] is the codec of activations and their gradients on the hop from stage s to s + 1 of
+    pipeline r; None: `activations` and `gradients` on every hop."""
+    groups: tuple[Codec, ...] | None = None
+    """Per stage group: groups[s] is the codec of stage s's all-reduce; None: `allreduce` in every group."""
 
-    class Config:
-        extra = pydantic.Extra.forbid
-        allow_mutation = False
+    def __post_init__(self) -> None:
+        for name in ("activations", "gradients", "allreduce"):
+            _check_codec(name, getattr(self, name), CODECS)
+        if self.activation_deltas is not None:
+            _check_codec("activation_deltas", self.activation_deltas, DELTA_CODECS)
+        density = self.allreduce_density
+        if density is not None and (type(density) is not float or not 0 < density < 1):
+            raise ValueError(f"allreduce_density must be a float strictly between 0 and 1, got {density!r}")
+        if self.hops is not None:
+            if not isinstance(self.hops, tuple) or not self.hops or len({len(row) for row in self.hops}) != 1:
+                raise ValueError("hops must be one equally long, non-empty row of codecs per stage boundary")
+            for row in self.hops:
+                _check_codecs("hops", row)
+        if self.groups is not None:
+            _check_codecs("groups", self.groups)
 
-    @pydantic.validator("activations", "gradients", "allreduce")
-    def _whole(cls, codec: Codec) -> Codec:
-        if codec not in CODECS:
-            raise ValueError(f"{codec} is for activation deltas only; whole tensors travel as {', '.join(CODECS)}")
-        return codec
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WireFormat:
+        """A wire from its JSON form (`to_dict`), as a peer's record carries it.
 
-    @pydantic.validator("activation_deltas")
-    def _delta(cls, codec: Codec | None) -> Codec | None:
-        if codec is not None and codec not in DELTA_CODECS:
-            raise ValueError(f"activation deltas travel as {' or '.join(DELTA_CODECS)}, not {codec}")
-        return codec
+        Raises:
+            ValueError: an unknown field, a missing one, or a value outside the codecs.
+        """
+        known = {field.name for field in fields(cls)}
+        if unknown := sorted(set(data) - known):
+            raise ValueError(f"unknown wire fields: {', '.join(map(str, unknown))}")
+        if missing := sorted({"activations", "gradients", "allreduce"} - set(data)):
+            raise ValueError(f"the wire lacks {', '.join(missing)}")
+        values = dict(data)
+        if isinstance(values.get("hops"), list) and all(isinstance(row, list) for row in values["hops"]):
+            values["hops"] = tuple(tuple(row) for row in values["hops"])
+        if isinstance(values.get("groups"), list):
+            values["groups"] = tuple(values["groups"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; the per-link fields only when set, so a plan without them reads as before."""
+        data = {field.name: getattr(self, field.name) for field in fields(self)}
+        for name in ("hops", "groups"):
+            data.pop(name) if data[name] is None else data.update({name: _as_lists(data[name])})
+        return data
+
+    @property
+    def per_link(self) -> bool:
+        return self.hops is not None or self.groups is not None
+
+    def hop_codec(self, kind: str, stage: int, pipeline: int) -> Codec:
+        """The codec of a whole frame of `kind` (activations or their gradients) on the hop from `stage` to
+        `stage + 1` of `pipeline`."""
+        if self.hops is not None:
+            return self.hops[stage][pipeline]
+        return self.gradients if kind == "gradients" else self.activations
+
+    def group_codec(self, stage: int) -> Codec:
+        """The codec of stage `stage`'s all-reduce."""
+        return self.allreduce if self.groups is None else self.groups[stage]
+
+    def fits(self, d_pp: int, d_dp: int) -> bool:
+        """Whether the per-link fields (if any) have one codec per hop and per group of a d_pp × d_dp plan."""
+        hops_fit = self.hops is None or (len(self.hops) == d_pp - 1 and len(self.hops[0]) == d_dp)
+        return hops_fit and (self.groups is None or len(self.groups) == d_pp)
 
     @classmethod
     def uniform(cls, codec: Codec) -> "WireFormat":
@@ -108,15 +165,28 @@ class WireFormat(pydantic.BaseModel):
 
     @property
     def pipeline_bytes_per_value(self) -> float:
-        """Mean width of a value sent forward and of its gradient sent back: the paper's model counts one c_PP each
-        way (2·PipeP), and a link's time is linear in the bytes, so the mean prices both exactly."""
-        forward = self.activation_deltas or self.activations  # deltas: from the second pass on, as planned for
-        return (BYTES_PER_VALUE[forward] + BYTES_PER_VALUE[self.gradients]) / 2
+        """Mean width of a value sent forward and of its gradient sent back, on a hop in `activations` and
+        `gradients`: the paper's model counts one c_PP each way (2·PipeP), and a link's time is linear in the bytes,
+        so the mean prices both exactly."""
+        return self._hop_bytes(self.activations, self.gradients)
 
     @property
     def allreduce_bytes_per_value(self) -> float:
-        """Per value of the gradient: a sparse all-reduce sends only its sample, and no indices."""
+        """Per value of the gradient, in `allreduce`: a sparse all-reduce sends only its sample, and no indices."""
         return BYTES_PER_VALUE[self.allreduce] * (self.allreduce_density or 1.0)
+
+    def hop_bytes_per_value(self, stage: int, pipeline: int) -> float:
+        """`pipeline_bytes_per_value` of one hop, in its own codec."""
+        return self._hop_bytes(self.hop_codec("activations", stage, pipeline),
+                               self.hop_codec("gradients", stage, pipeline))
+
+    def group_bytes_per_value(self, stage: int) -> float:
+        """`allreduce_bytes_per_value` of one stage group, in its own codec."""
+        return BYTES_PER_VALUE[self.group_codec(stage)] * (self.allreduce_density or 1.0)
+
+    def _hop_bytes(self, activations: Codec, gradients: Codec) -> float:
+        forward = self.activation_deltas or activations  # deltas: from the second pass on, as planned for
+        return (BYTES_PER_VALUE[forward] + BYTES_PER_VALUE[gradients]) / 2
 
     def describe(self) -> str:
         if self.activations == self.gradients == self.allreduce:
@@ -125,7 +195,11 @@ class WireFormat(pydantic.BaseModel):
             whole = f"{self.activations} activations, {self.gradients} activation gradients, {self.allreduce} all-reduce"
         deltas = f", {self.activation_deltas} activation deltas" if self.activation_deltas else ""
         sparse = f", all-reduce of {self.allreduce_density:.3g} of the gradient per step" if self.allreduce_density else ""
-        return whole + deltas + sparse
+        if not self.per_link:
+            return whole + deltas + sparse
+        hops = _counted(codec for row in self.hops for codec in row) if self.hops else self.activations
+        groups = _counted(self.groups) if self.groups else self.allreduce
+        return f"per link: hops in {hops}; all-reduces in {groups}" + deltas + sparse
 
 
 def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireFormat]:
@@ -141,3 +215,28 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
     if policy == "sparse":
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)]
     return [WireFormat.uniform(policy)]
+
+
+def _check_codec(name: str, codec: object, allowed: tuple[Codec, ...]) -> None:
+    if codec not in allowed:
+        kind = "activation deltas" if allowed == DELTA_CODECS else "whole tensors"
+        raise ValueError(f"{name}: {codec!r} is not a codec of {kind} ({', '.join(allowed)})")
+
+
+def _check_codecs(name: str, codecs: object) -> None:
+    if not isinstance(codecs, tuple) or not codecs:
+        raise ValueError(f"{name} must be a non-empty list of codecs")
+    for codec in codecs:
+        _check_codec(name, codec, CODECS)
+
+
+def _as_lists(value: tuple) -> list:
+    return [_as_lists(item) if isinstance(item, tuple) else item for item in value]
+
+
+def _counted(codecs: Iterable[Codec]) -> str:
+    """'fp32 ×1, 8bit ×3': how many transfers each codec carries, in CODECS order."""
+    counts = {codec: 0 for codec in CODECS}
+    for codec in codecs:
+        counts[codec] += 1
+    return ", ".join(f"{codec} ×{n}" for codec, n in counts.items() if n)

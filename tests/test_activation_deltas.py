@@ -143,10 +143,10 @@ def test_the_plan_says_deltas_and_prices_them():
 
 
 def test_a_plan_whose_copies_do_not_fit_is_refused_with_what_they_need():
-    plan = StreamPlan(assignment_version=1, pipeline=0, micro_batches=4, shape=(8, 2048, 2048), wire=AQ_SGD,
+    plan = StreamPlan(assignment_version=1, pipeline=0, stage=0, micro_batches=4, shape=(8, 2048, 2048), wire=AQ_SGD,
                       previous=None, next=None, data_period=1000)
     with pytest.raises(StageError, match=r"1000 steps × 4 micro-batches of \[8, 2048, 2048\] .* 512000 MiB"):
         check_deltas(plan, StageConfig())
     with pytest.raises(StageError, match="data_period of at least 2"):
-        check_deltas(StreamPlan(assignment_version=1, pipeline=0, micro_batches=4, shape=SHAPE, wire=AQ_SGD,
+        check_deltas(StreamPlan(assignment_version=1, pipeline=0, stage=0, micro_batches=4, shape=SHAPE, wire=AQ_SGD,
                                  previous=None, next=None, data_period=None), StageConfig())

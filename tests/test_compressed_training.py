@@ -11,6 +11,8 @@ With activation deltas (AQ-SGD) and a data order that repeats every 2 steps, the
 next two as 4-bit deltas; a send that fails after delivery at step 2 (a delta) makes the plan retry the step, and the
 retry must start from the same activation copies, so that the run again equals its fault-free twin.
 
+With a codec per hop and per stage group (`auto`'s per-link wire), the replicas stay identical.
+
 With a sparse all-reduce (a random 1/16 of the gradient per step, protocol/wire_format.py), the retried step draws the
 same sample and starts from the same residuals, so the run with the fault again equals its twin.
 """
@@ -33,6 +35,9 @@ pytestmark = pytest.mark.swarm
 EIGHT_BIT = WireFormat.uniform("8bit")
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
 SPARSE = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)
+PER_LINK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", hops=(("fp32", "8bit"),),
+                      groups=("8bit", "fp32"))
+"""`auto`'s kind of wire: pipeline 0's hop exact and pipeline 1's 8-bit; stage 0's all-reduce 8-bit, stage 1's exact."""
 PERIOD = 2
 
 
@@ -111,6 +116,20 @@ def test_sparse_replicas_stay_identical_and_a_retried_step_equals_the_fault_free
     moved = max(float((value - dense["final_state"][name]).abs().max())
                 for result, dense in zip(sparse, fault_free) for name, value in result["final_state"].items())
     assert moved > 1e-4  # the plan's sample reached the stage groups: their updates differ from the dense 8-bit run's
+
+
+@pytest.mark.timeout(300)
+def test_per_link_codecs_keep_replicas_identical(tmp_path, identities, fault_free, golden_tiny):
+    """Each hop and each stage group in its own codec: both ends of every transfer agree on it (a frame or part in
+    another codec is refused, and the run would stall), and the replicas stay identical though their pipelines'
+    activations crossed in different codecs."""
+    per_link = _run(tmp_path, identities, Fault.NONE, PER_LINK)
+    _assert_replicas_identical(per_link)
+    eight_bit, fp32 = [result["final_state"] for result in fault_free], states(golden_tiny, STEPS)
+    for uniform in (eight_bit, fp32):  # a run of its own: neither 8-bit everywhere nor fp32 everywhere
+        moved = max(float((value - twin[name]).abs().max())
+                    for result, twin in zip(per_link, uniform) for name, value in result["final_state"].items())
+        assert moved > 1e-6
 
 
 @pytest.mark.timeout(300)

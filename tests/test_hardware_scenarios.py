@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from hetswarm.coordinator.swarm_view import load_hardware
 from hetswarm.protocol.network import (
     HARDWARE_SCENARIOS,
     PAPER_SCENARIOS,
     InvalidNetwork,
+    load_hardware,
     load_network,
     load_scenario,
 )

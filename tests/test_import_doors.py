@@ -1,9 +1,10 @@
 """The doors between the rooms stay where the README says they are.
 
- * The scheduler (hetswarm.coordinator and every module of coordinator/scheduling/) imports without hivemind, torch
-   or pydantic, so a researcher can plan on a laptop: checked by importing it in a fresh interpreter; `hetswarm
-   schedule` runs without hivemind or torch, checked by running it in one; the CLI and the training runtime load
-   transformers only for a Hugging Face model; a stage's compute imports without hivemind or pydantic.
+ * The scheduler (hetswarm.coordinator, every module of coordinator/scheduling/, and the wire formats it prices)
+   imports without hivemind, torch or pydantic, so a researcher can plan on a laptop: checked by importing it in a
+   fresh interpreter; `hetswarm schedule` runs without hivemind, torch or the records' pydantic.v1, checked by
+   running it in one; the CLI and the training runtime load transformers only for a Hugging Face model; a stage's
+   compute imports without hivemind or pydantic.
  * protocol imports neither client nor coordinator; coordinator does not import client; nothing outside
    client/cli imports the CLI; client/peer reaches, of hetswarm, only protocol and itself, client/training only
    protocol, client.peer and itself: checked statically, from every import statement in the source files (also
@@ -27,6 +28,7 @@ PACKAGE_DIRS = {"protocol": "hetswarm.protocol", "coordinator": "hetswarm.coordi
 
 SCHEDULER_MODULES = [
     "hetswarm.coordinator", "hetswarm.protocol.network", "hetswarm.protocol.model_config",
+    "hetswarm.protocol.wire_format",
     *(f"hetswarm.coordinator.scheduling.{path.stem}" for path in sorted((ROOT / "coordinator" / "scheduling").glob("*.py"))
       if path.stem != "__init__"),
 ]
@@ -85,12 +87,16 @@ def test_scheduler_imports_without_hivemind_torch_or_pydantic():
 
 
 @pytest.mark.swarm
-def test_hetswarm_schedule_runs_without_hivemind_or_torch():
-    """`hetswarm schedule` starts without them: a researcher plans on a laptop, and the command answers at once."""
-    output = _probe(["hivemind", "torch"], [], ["schedule", "--scenario", "case1", "--time-budget", "0.2", "--json",
-                                                "--no-baselines"])
+def test_hetswarm_schedule_runs_without_hivemind_torch_or_the_record_schemas():
+    """`hetswarm schedule` starts without them: a researcher plans on a laptop, and the command answers at once. It
+    prices a compression policy per link without the records' pydantic.v1 schemas (typer itself loads pydantic 2 to
+    parse the options, so the check names the v1 API hetswarm's records use)."""
+    output = _probe(["hivemind", "torch", "pydantic.v1"], [],
+                    ["schedule", "--scenario", "mixed-regional", "--model", "small", "--compression", "auto",
+                     "--time-budget", "0.2", "--json", "--no-baselines"])
     planned = json.loads(output)
     assert planned["d_dp"] * planned["d_pp"] == 64 and planned["cost"] > 0, planned
+    assert planned["wire"]["policy"] == "auto" and planned["wire"]["predicted_step_s"] > 0, planned
 
 
 @pytest.mark.swarm

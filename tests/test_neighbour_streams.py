@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import math
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from tests.helpers.p2p_nodes import connected_p2ps
 pytestmark = pytest.mark.swarm
 
 SHAPE = (2, 8, 16)  # (micro_batch_size, seq_len, d_model)
+LINE_SHAPE = (2, 32, 64)
+"""Large enough that a frame's bytes are mostly its values."""
 NAMESPACE = "links-test_stage"
 
 
@@ -34,8 +37,8 @@ class Fault(enum.Enum):
 
 
 def _plan(**changes) -> StreamPlan:
-    plan = StreamPlan(assignment_version=3, pipeline=1, micro_batches=2, shape=SHAPE, wire=WireFormat.uniform("fp32"),
-                    previous=None, next=None)
+    plan = StreamPlan(assignment_version=3, pipeline=1, stage=1, micro_batches=2, shape=SHAPE,
+                      wire=WireFormat.uniform("fp32"), previous=None, next=None)
     return dataclasses.replace(plan, **changes)
 
 
@@ -126,3 +129,52 @@ def test_a_delivered_frame_is_told_with_its_bytes_on_the_wire_and_a_refused_one_
     assert peer == receiver and tensor_bytes < n_bytes < tensor_bytes + 1024 and 0 < seconds < 5, heard
     heard, _, _ = asyncio.run(_deliver_and_tell("refused"))
     assert heard == []  # a refusal says nothing of what the link carries
+
+
+async def _through_a_line_of_three(wire: WireFormat) -> dict:
+    """Activations from stage 0 through stage 1 to stage 2 and gradients back, one pipeline under `wire`: what each
+    stage received, and the bytes each sender's `on_sent` heard."""
+    async with connected_p2ps(3) as p2ps:
+        ids = [p2p.peer_id for p2p in p2ps]
+        heard: dict[int, list[int]] = {stage: [] for stage in range(3)}
+        stages = [NeighbourStreams(p2p, _plan(pipeline=0, stage=stage, wire=wire, shape=LINE_SHAPE,
+                                              previous=ids[stage - 1] if stage else None,
+                                              next=ids[stage + 1] if stage < 2 else None),
+                                   namespace=NAMESPACE, frame_timeout_s=5,
+                                   on_sent=lambda _peer, n_bytes, _s, stage=stage: heard[stage].append(n_bytes))
+                  for stage, p2p in enumerate(p2ps)]
+        for streams in stages:
+            await streams.attach()
+        for stage, streams in enumerate(stages):
+            await streams.wait_for([ids[s] for s in (stage - 1, stage + 1) if 0 <= s < 3], timeout_s=20)
+        sent = {"activations": torch.randn(LINE_SHAPE), "gradients": torch.randn(LINE_SHAPE)}
+        await stages[0].send("activations", sent["activations"], step=0, micro_batch=0)
+        middle = await stages[1].receive("activations", step=0, micro_batch=0)
+        await stages[1].send("activations", middle, step=0, micro_batch=0)
+        last = await stages[2].receive("activations", step=0, micro_batch=0)
+        await stages[2].send("gradients", sent["gradients"], step=0, micro_batch=0)
+        back = await stages[1].receive("gradients", step=0, micro_batch=0)
+        await stages[1].send("gradients", back, step=0, micro_batch=0)
+        first = await stages[0].receive("gradients", step=0, micro_batch=0)
+        return {"sent": sent, "middle": middle, "last": last, "back": back, "first": first, "heard": heard}
+
+
+@pytest.mark.timeout(60)
+def test_each_hop_travels_in_its_own_codec_both_ways():
+    """A per-link wire (`auto`'s choice: protocol/wire_format.py): hop 0 → 1 in fp32, hop 1 → 2 in 8-bit. What
+    crosses hop 0 arrives exact both ways; what crosses hop 1 arrives within the 8-bit codec's bound, in about a
+    quarter of the bytes."""
+    wire = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", hops=(("fp32",), ("8bit",)))
+    seen = asyncio.run(_through_a_line_of_three(wire))
+    sent, fp32_bytes = seen["sent"], math.prod(LINE_SHAPE) * 4
+    torch.testing.assert_close(seen["middle"], sent["activations"], rtol=0, atol=0)  # hop 0: fp32
+    for received, original in ((seen["last"], sent["activations"]), (seen["back"], sent["gradients"])):  # hop 1
+        bound = original.abs().max() / 254 + 1e-6
+        assert 0 < (received - original).abs().max() <= bound
+    torch.testing.assert_close(seen["first"], seen["back"], rtol=0, atol=0)  # hop 0 again, backward
+    whole, eight_bit = (fp32_bytes, fp32_bytes + 1024), (fp32_bytes / 4, fp32_bytes * 0.3)  # with the framing
+    sizes = {stage: sorted(n_bytes) for stage, n_bytes in seen["heard"].items()}
+    assert [whole[0] < n < whole[1] for n in sizes[0]] == [True]  # activations 0 → 1
+    assert [eight_bit[0] < n < eight_bit[1] for n in sizes[2]] == [True]  # gradients 2 → 1
+    small, large = sizes[1]  # activations 1 → 2, gradients 1 → 0
+    assert eight_bit[0] < small < eight_bit[1] and whole[0] < large < whole[1], sizes

@@ -20,7 +20,7 @@ PIPELINES = [[IDS[0], IDS[3], IDS[5]], [IDS[1], IDS[4], IDS[6]]]  # Oregon→Tok
 
 
 def _published(wire: WireFormat) -> Assignment:
-    proposal = deployed(build_view(worldwide_records(8)), PIPELINES, MODEL, wire)
+    proposal = deployed(build_view(worldwide_records(8)), PIPELINES, MODEL, [wire])
     return build_assignment(proposal, coordinator_id=COORDINATOR, version=1, reason="test", step=0)
 
 
@@ -57,3 +57,29 @@ def test_a_bottleneck_that_is_not_a_hop_of_the_plan_is_refused():
                                              estimated=False, micro_batch_s=0.1).dict()
         with pytest.raises(pydantic.ValidationError, match="is not a hop of a 2×3 plan"):
             Assignment.parse_obj(fields)
+
+
+def test_a_per_link_wire_is_priced_hop_by_hop_and_published_as_chosen():
+    """Pipeline 0's hops in fp32, pipeline 1's in 8-bit: each hop is priced for its own codec's bytes, and the record
+    carries the codecs to the stages as chosen."""
+    per_link = WireFormat(activations="8bit", gradients="8bit", allreduce="fp32", hops=(("fp32", "8bit"),) * 2,
+                          groups=("fp32", "8bit", "fp32"))
+    full, mixed = (deployed(build_view(worldwide_records(8)), PIPELINES, MODEL, [wire]) for wire in (FULL, per_link))
+    full_hops, mixed_hops = (p.plan.micro_batch_hops_s(p.execution.micro_batches) for p in (full, mixed))
+    assert (mixed_hops[:, 0] == full_hops[:, 0]).all() and (mixed_hops[:, 1] < full_hops[:, 1]).all()
+    assert mixed.plan.stage_allreduce_s[1] < full.plan.stage_allreduce_s[1]
+    assert (mixed.plan.stage_allreduce_s[[0, 2]] == full.plan.stage_allreduce_s[[0, 2]]).all()
+    published = _published(per_link)
+    assert Assignment.parse_obj(published.dict()).wire_format() == per_link
+
+
+@pytest.mark.parametrize("change", [{"hops": [["fp32", "8bit"]]}, {"hops": [["fp32"], ["8bit"]]},
+                                    {"groups": ["fp32", "8bit"]}, {"groups": ["fp32", "4bit", "8bit"]},
+                                    {"hops": [["fp32", "8bit"], "8bit"]}, {"unknown": "8bit"}],
+                         ids=["too-few-boundaries", "too-few-pipelines", "too-few-groups", "delta-codec-whole",
+                              "ragged", "unknown-field"])
+def test_a_wire_whose_codecs_do_not_fit_the_plan_is_refused(change):
+    fields = _published(FULL).dict()
+    fields["wire"] = fields["wire"] | change
+    with pytest.raises(pydantic.ValidationError, match="wire|hops|groups"):
+        Assignment.parse_obj(fields)

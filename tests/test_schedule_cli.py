@@ -108,3 +108,31 @@ def test_pp_auto_also_chooses_the_stages_and_fewer_carry_less_over_slow_regional
     assert stages_tried | set(report["untried_stages"]) == set(range(1, 25)) and {1, 2} <= stages_tried
     refused = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--pp", "auto", "--objective", "paper"])
     assert isinstance(refused.exception, RejectedInput) and "--objective live" in str(refused.exception)
+
+
+def test_compression_is_priced_as_the_coordinator_sends_it_and_auto_per_link():
+    """On regional links (mixed-regional) 8-bit is the fastest wire; auto stays within 5 % of it, keeping fp32 or fp16
+    on the transfers whose bytes are off the critical path."""
+    reports = {}
+    for policy in ("none", "8bit", "auto"):
+        result = runner.invoke(app, ["schedule", "--scenario", "mixed-regional", "--model", "small", "--compression",
+                                     policy, "--json", "--no-baselines", "--time-budget", "0.5"])
+        assert result.exit_code == 0, result.output
+        reports[policy] = json.loads(result.stdout)
+    wires = {policy: report["wire"] for policy, report in reports.items()}
+    assert wires["none"]["codecs"]["activations"] == "fp32" and wires["8bit"]["codecs"]["allreduce"] == "8bit"
+    assert reports["8bit"]["payloads"]["pp_bytes"] < reports["none"]["payloads"]["pp_bytes"] / 3.9
+    assert wires["8bit"]["predicted_step_s"] < wires["none"]["predicted_step_s"]
+    assert wires["auto"]["predicted_step_s"] <= wires["8bit"]["predicted_step_s"] * 1.05 + 1e-9
+    auto = wires["auto"]["codecs"]
+    assert auto.get("hops") or auto.get("groups") or auto["activations"] != "8bit", auto  # kept some precision
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--scenario", "worldwide", "--compression", "auto"], "needs a scenario with hardware"),
+    (["--scenario", "case1", "--compression", "8bit", "--dp-bytes", "1e6", "--pp-bytes", "1e5"], "give --model"),
+    (["--scenario", "case1", "--compression", "zip"], "--compression is one of"),
+])
+def test_compression_that_cannot_be_priced_is_refused(args, reason):
+    refused = runner.invoke(app, ["schedule", *args, "--no-baselines", "--time-budget", "0.2"])
+    assert isinstance(refused.exception, RejectedInput) and reason in str(refused.exception), refused.output

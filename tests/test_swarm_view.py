@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hetswarm.coordinator.link_estimate import UNVALIDATED_ERROR
-from hetswarm.coordinator.swarm_view import DEFAULT_LATENCY_MS, build_view, load_hardware
-from hetswarm.protocol.network import load_network
+from hetswarm.coordinator.swarm_view import DEFAULT_LATENCY_MS, build_view
+from hetswarm.protocol.network import load_hardware, load_network
 from tests.helpers.swarm_records import IDS, link, record
 
 

@@ -78,8 +78,9 @@ def coordinator(
                                                         "holds before they restart from the seed.")] = 120.0,
     compression: Annotated[str, typer.Option(help="Codecs of activations, their gradients and the all-reduce: "
                                                   "model (the model's widths: fp16 activations, fp32 gradients), "
-                                                  "none (fp32), fp16, 8bit, or auto (the least lossy within 5 % of "
-                                                  "the fastest predicted step), aq-sgd (8bit, and 4-bit "
+                                                  "none (fp32), fp16, 8bit, auto (per hop and stage group, the "
+                                                  "least lossy codec that keeps the predicted step within 5 % of "
+                                                  "the fastest), aq-sgd (8bit, and 4-bit "
                                                   "activation deltas from the second pass on; needs "
                                                   "--data-period), or sparse (8bit, and each step's all-reduce "
                                                   "of a random 1/16 of the gradient).")] = "model",

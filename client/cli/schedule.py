@@ -22,10 +22,11 @@ from hetswarm.coordinator.scheduling.live_objective import Hardware
 from hetswarm.coordinator.scheduling.plan import Plan
 from hetswarm.coordinator.scheduling.scheduler import ShapedResult, find_plan, find_shaped_plan, plan_degrees
 from hetswarm.coordinator.scheduling.search import SearchConfig, SearchProgress
-from hetswarm.coordinator.swarm_view import load_hardware
+from hetswarm.coordinator.scheduling.wire_choice import choose_wire
 from hetswarm.protocol.errors import RejectedInput
 from hetswarm.protocol.model_config import MODEL_PRESETS, ModelConfig, load_model_config
-from hetswarm.protocol.network import SCENARIOS, Network, load_network
+from hetswarm.protocol.network import SCENARIOS, Network, load_hardware, load_network
+from hetswarm.protocol.wire_format import COMPRESSION_POLICIES, WireFormat, candidate_wires
 
 PAPER_MODEL = "paper-gpt3-xl"
 """A 64-device network is planned as the paper plans it (8 × 8, paper-gpt3-xl) unless told otherwise."""
@@ -53,6 +54,10 @@ def schedule(
                                                  "hardware, greedy placement (fastest devices first).")] = True,
     ga_candidates: Annotated[int, typer.Option(help="Candidates of the paper's GA baseline (paper: 5000).")] = 1000,
     random_samples: Annotated[int, typer.Option(help="Random placements drawn; the best is reported.")] = 5000,
+    compression: Annotated[str, typer.Option(
+        help=f"Codecs of the plan's transfers, priced as the coordinator's --compression would send them: "
+             f"{', '.join(COMPRESSION_POLICIES)}; `auto` chooses one per hop and stage group (needs hardware).")
+    ] = "model",
     plot: Annotated[Path | None, typer.Option(help="Draw the plan on the link matrix (PNG; needs matplotlib).")] = None,
     json_output: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -72,8 +77,12 @@ def schedule(
     choose_dp, choose_pp = dp == "auto", pp == "auto"
     d_dp, d_pp = plan_degrees(network.n_devices, None if choose_dp else _number("--dp", dp),
                               None if choose_pp else _number("--pp", pp))
-    payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp)
+    wires = _wires(compression, model, given_bytes=dp_bytes is not None or pp_bytes is not None)
+    payloads = _payloads(model, dp_bytes, pp_bytes, d_dp=d_dp, d_pp=d_pp, wire=wires[-1] if wires else None)
     hardware = _hardware(scenario, model, known=dp_bytes is None)
+    if compression == "auto" and hardware is None:
+        raise RejectedInput("--compression auto chooses codecs by the live model's step time: it needs a scenario "
+                            "with hardware")
     objective = objective or ("live" if hardware is not None else "paper")
     if objective not in ("live", "paper"):
         raise RejectedInput(f"--objective is live or paper, got {objective!r}")
@@ -118,6 +127,8 @@ def schedule(
                   for name, found in searches.items()}
         report |= priced[objective] | {"objectives": {name: {"cost": searches[name].plan.cost_s} | price
                                                       for name, price in priced.items()}}
+        report["wire"] = _wire_report(compression, network, hardware, result.plan.grid, wires,
+                                      result.execution or _even(runs, hardware.model))
     if shaped is not None:
         report |= _shaped_report(shaped, hardware, network)
     if plot is not None:
@@ -179,12 +190,36 @@ def _number(option: str, value: str | None) -> int | None:
         raise RejectedInput(f"{option} must be a number or auto, got {value!r}") from None
 
 
-def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_dp: int, d_pp: int) -> Payloads:
+def _wires(policy: str, model: str, *, given_bytes: bool) -> list[WireFormat] | None:
+    """The wires `policy` chooses among (protocol/wire_format.py); None when the payloads are given in bytes."""
+    if policy not in COMPRESSION_POLICIES:
+        raise RejectedInput(f"--compression is one of {', '.join(COMPRESSION_POLICIES)}, got {policy!r}")
+    if given_bytes:
+        if policy != "model":
+            raise RejectedInput("--compression prices a model's values in its codecs: give --model, not "
+                                "--dp-bytes and --pp-bytes")
+        return None
+    return candidate_wires(policy, load_model_config(model))
+
+
+def _payloads(model: str, dp_bytes: float | None, pp_bytes: float | None, *, d_dp: int, d_pp: int,
+              wire: WireFormat | None) -> Payloads:
     if (dp_bytes is None) != (pp_bytes is None):
         raise RejectedInput("give both --dp-bytes and --pp-bytes, or neither (then --model sets them)")
     if dp_bytes is not None:
         return Payloads(dp_bytes=dp_bytes, pp_bytes=pp_bytes)
-    return Payloads.from_model(load_model_config(model), d_dp=d_dp, d_pp=d_pp)
+    return Payloads.from_model(load_model_config(model), d_dp=d_dp, d_pp=d_pp, wire=wire)
+
+
+def _wire_report(policy: str, network: Network, hardware: Hardware, grid: np.ndarray, wires: list[WireFormat],
+                 execution: Execution) -> dict[str, Any]:
+    """The wire the coordinator would send the plan's transfers in under `policy`, and the step it predicts."""
+    try:
+        chosen = choose_wire(network, hardware, grid, wires, execution)
+    except NoFeasiblePlan as e:
+        return {"policy": policy, "infeasible": str(e)}
+    return {"policy": policy, "codecs": chosen.wire.to_dict(), "text": chosen.wire.describe(),
+            "predicted_step_s": chosen.live.total_s}
 
 
 def _baselines(network: Network, payloads: Payloads, *, d_dp: int, d_pp: int, seed: int, ga_candidates: int,
@@ -219,6 +254,8 @@ def _print_report(network: Network, plan: Plan, report: dict[str, Any]) -> None:
         console.print(f"live model: predicted step {report['predicted_step_s']:.3f} s ({parts}); layers {cut}, "
                       f"{runs['micro_batches']} micro-batches{', 1F1B' if runs['schedule'] == '1f1b' else ''}"
                       f"{', recomputing activations' if runs['recompute'] else ''}")
+    if (wire := report.get("wire")) and "codecs" in wire:
+        console.print(f"wire ({wire['policy']}): {wire['text']}; predicted step {wire['predicted_step_s']:.3f} s")
     if plan.bottleneck is not None:
         link = plan.bottleneck
         a, b = link.devices

@@ -92,7 +92,7 @@ def assignment_table(assignment: dict[str, Any]) -> Group:
     lines.append(f"predicted step {assignment['predicted_step_s']:.3f} s ({parts}); "
                  f"{assignment['followers']} peers follow this version")
     if (wire := assignment.get("wire")) is not None:
-        lines.append(f"wire: {WireFormat.parse_obj(wire).describe()}")
+        lines.append(f"wire: {WireFormat.from_dict(wire).describe()}")
     if (state := assignment.get("training_state")) is not None:
         lines.append(training_state_line(state))
     return Group(grid, *lines)

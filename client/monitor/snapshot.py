@@ -161,10 +161,10 @@ def _current_assignment(assignment: Assignment | None, records: dict[str, PeerRe
     }
 
 
-def _wire(assignment: Assignment) -> dict[str, str] | None:
+def _wire(assignment: Assignment) -> dict[str, Any] | None:
     """The plan's codecs, or None when its model config is broken (the monitor still shows the rest)."""
     try:
-        return assignment.wire_format().dict()
+        return assignment.wire_format().to_dict()
     except (TypeError, ValueError):
         return None
 

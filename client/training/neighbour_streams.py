@@ -72,19 +72,21 @@ class StreamPlan:
 
     assignment_version: int
     pipeline: int
+    stage: int
     micro_batches: int
     shape: tuple[int, ...]
     """(micro_batch_size, seq_len, d_model): activations and their gradients have the same shape."""
     wire: WireFormat
-    """The plan's codecs; every peer sends and expects the same."""
+    """The plan's codecs; both ends of a hop send and expect the same."""
     previous: PeerID | None
     next: PeerID | None
     data_period: int | None = None
     """The data order repeats every this many steps (ModelConfig.data_period); activation deltas need it."""
 
-    def codec(self, kind: FrameKind) -> Codec:
-        """The codec of a whole frame of `kind`."""
-        return self.wire.gradients if kind == "gradients" else self.wire.activations
+    def codec(self, kind: FrameKind, neighbour: PeerID | None) -> Codec:
+        """The codec of a whole frame of `kind` on the hop with `neighbour` (the plan may choose one per hop)."""
+        hop = self.stage - 1 if neighbour == self.previous else self.stage
+        return self.wire.hop_codec(kind, hop, self.pipeline)
 
     def delta_codec(self, kind: FrameKind) -> Codec | None:
         """The codec of a delta frame of `kind`; None when the plan sends `kind` whole."""
@@ -97,7 +99,7 @@ class StreamPlan:
     def delta_buffers(self, neighbour: PeerID | None) -> DeltaBuffers | None:
         """One end of the activation link with `neighbour`, when the plan sends deltas and there is a neighbour."""
         delta = self.delta_codec("activations")
-        return DeltaBuffers(whole=self.wire.activations, delta=delta) if delta and neighbour else None
+        return DeltaBuffers(whole=self.codec("activations", neighbour), delta=delta) if delta and neighbour else None
 
 
 class Inbox:
@@ -174,7 +176,7 @@ class ActivationServicer(ServicerBase):
             logger.warning(f"Cut off a frame stream from {context.remote_id}: not a neighbour of this stage in "
                            f"pipeline {self.plan.pipeline}")
             return runtime_pb2.ExpertResponse(metadata=b"not a neighbour of this stage")
-        reason = await self._take(stream, kinds)
+        reason = await self._take(stream, kinds, context.remote_id)
         if reason is None:
             return runtime_pb2.ExpertResponse()
         logger.warning(f"Refused a frame from {context.remote_id}: {reason}")
@@ -196,11 +198,11 @@ class ActivationServicer(ServicerBase):
                     if received > MAX_FRAME_BYTES:
                         return
 
-    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kinds: tuple[FrameKind, ...]
-                    ) -> str | None:
+    async def _take(self, stream: AsyncIterator[runtime_pb2.ExpertRequest], kinds: tuple[FrameKind, ...],
+                    sender: PeerID) -> str | None:
         """Reads and stores one frame of a neighbour; returns why it was refused, or None when it was taken."""
         expected = Expectation(kind=kinds, assignment_version=self.plan.assignment_version, shape=self.plan.shape,
-                               codec=self.plan.codec(kinds[0]), delta_codec=self.plan.delta_codec(kinds[0]),
+                               codec=self.plan.codec(kinds[0], sender), delta_codec=self.plan.delta_codec(kinds[0]),
                                pipeline=self.plan.pipeline,
                                micro_batches=self.plan.micro_batches)
         try:
@@ -291,11 +293,11 @@ class NeighbourStreams(Served):
 
     async def send(self, kind: FrameKind, tensor: torch.Tensor, *, step: int, micro_batch: int,
                    attempt: int = 0) -> None:
-        """Activations to the next stage or gradients to the previous one, in the plan's codec for them."""
+        """Activations to the next stage or gradients to the previous one, in the plan's codec for that hop."""
         peer = self.plan.previous if kind == "gradients" else self.plan.next
         if peer is None:
             raise ValueError(f"this stage has no neighbour to send {kind} to")
-        tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind), None
+        tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind, peer), None
         sample = self.plan.sample(step, micro_batch) if self.deltas is not None and kind == "activations" else None
         sent: torch.Tensor | runtime_pb2.Tensor = tensor
         if sample is not None:

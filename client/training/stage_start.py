@@ -78,7 +78,8 @@ async def start_stage(
         await _load_initial_weights(module, model_dir)
 
     previous, following = (PeerID.from_base58(peer) if peer else None for peer in role.neighbours)
-    plan = StreamPlan(assignment_version=role.version, pipeline=role.pipeline, micro_batches=model_config.micro_batches,
+    plan = StreamPlan(assignment_version=role.version, pipeline=role.pipeline, stage=role.stage,
+                      micro_batches=model_config.micro_batches,
                       wire=role.wire, previous=previous, next=following,
                       shape=(sequences_per_micro_batch(model_config, role.d_dp), model_config.seq_len,
                              model_config.d_model), data_period=model_config.data_period)
@@ -90,7 +91,7 @@ async def start_stage(
     tag = round_tag(swarm, role.version, role.stage)
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
-                       aggregation=role.aggregation, codec=role.wire.allreduce,
+                       aggregation=role.aggregation, codec=role.wire.group_codec(role.stage),
                        density=role.wire.allreduce_density, private_key=identity)
 
     everyone = [PeerID.from_base58(peer) for peer in role.members]

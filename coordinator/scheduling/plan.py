@@ -49,8 +49,9 @@ class Plan:
     """(d_pp − 1, d_dp) one-way latency of every pipeline hop, stage s → s + 1 of pipeline r."""
     hop_s_per_gb: np.ndarray
     """(d_pp − 1, d_dp) seconds per GB of every pipeline hop."""
-    pp_gb: float
-    """c_PP in GB: one pipeline's activations across a stage boundary in a step."""
+    pp_gb: float | np.ndarray
+    """c_PP in GB: one pipeline's activations across a stage boundary in a step; (d_pp − 1, d_dp) per hop where
+    the hops' codecs differ (protocol/wire_format.py, per link)."""
 
     def micro_batch_hops_s(self, micro_batches: int) -> np.ndarray:
         """(d_pp − 1, d_dp) every pipeline hop's time for one micro-batch's activations (or their gradients): the
@@ -91,18 +92,24 @@ class Plan:
         }
 
 
-def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarray | None = None) -> Plan:
+def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarray | None = None,
+              hop_pp_bytes: np.ndarray | None = None) -> Plan:
     """Prices a grid as deployed: DataP over its rows, and each stage boundary at its slowest pipeline hop.
 
     No re-matching and no re-ordering happens here: a baseline is charged for the pipelines it actually builds.
 
     Args:
-        stage_dp_bytes: (d_pp,) each stage's all-reduce payload, for stages cut unevenly; None: c_DP for all.
+        stage_dp_bytes: (d_pp,) each stage's all-reduce payload, for stages cut unevenly or groups in codecs of
+            their own; None: c_DP for all.
+        hop_pp_bytes: (d_pp − 1, d_dp) each hop's c_PP, for hops in codecs of their own; None: c_PP for all.
     """
     grid = model.checked_partition(grid)
     group_sums = model.member_times_s(grid, stage_dp_bytes)  # (d_pp, d_dp)
     stage, replica = np.unravel_index(np.argmax(group_sums), group_sums.shape)
-    hops = model.pp_edge_s[grid[:-1], grid[1:]]  # (d_pp - 1, d_dp): stage s → s+1 of pipeline r
+    network = model.network
+    pairs = grid[:-1], grid[1:]  # (d_pp - 1, d_dp) each: stage s → s+1 of pipeline r
+    pp_gb = model.payloads.pp_bytes / BYTES_PER_GB if hop_pp_bytes is None else np.asarray(hop_pp_bytes) / BYTES_PER_GB
+    hops = edge_time_s(network.latency_ms[pairs], network.bandwidth_gbps[pairs], pp_gb)
     bottleneck = None
     if len(hops):
         hop_stage, pipeline = np.unravel_index(np.argmax(hops), hops.shape)
@@ -112,7 +119,6 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
             devices=(int(grid[hop_stage, pipeline]), int(grid[hop_stage + 1, pipeline])),
             time_s=float(hops[hop_stage, pipeline]),
         )
-    network = model.network
     sites = network.sites
     return Plan(
         grid=grid,
@@ -124,9 +130,9 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
         data_parallel_critical=(int(stage), int(grid[stage, replica])),
         bottleneck=bottleneck,
         stage_allreduce_s=model.concurrent_allreduce_s(grid, stage_dp_bytes),
-        hop_latency_s=edge_time_s(network.latency_ms[grid[:-1], grid[1:]], np.inf, 0.0),
-        hop_s_per_gb=edge_time_s(0.0, network.bandwidth_gbps[grid[:-1], grid[1:]], 1.0),
-        pp_gb=model.payloads.pp_bytes / BYTES_PER_GB,
+        hop_latency_s=edge_time_s(network.latency_ms[pairs], np.inf, 0.0),
+        hop_s_per_gb=edge_time_s(0.0, network.bandwidth_gbps[pairs], 1.0),
+        pp_gb=pp_gb,
     )
 
 

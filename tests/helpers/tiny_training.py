@@ -42,7 +42,7 @@ def assignment_for(pipelines: list[list[str]], coordinator_id: str, wire: WireFo
         d_pp=d_pp, d_dp=len(pipelines),
         roles={peer: PeerRole(stage=s, replica=r) for r, chain in enumerate(pipelines) for s, peer in enumerate(chain)},
         pipelines=pipelines, predicted_step_s=0.0, breakdown={}, micro_batches=model.micro_batches, step=0,
-        reason="test", issued_at=0.0, wire=wire, **runs,
+        reason="test", issued_at=0.0, wire=wire.to_dict(), **runs,
     )
 
 
