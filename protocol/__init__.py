@@ -20,7 +20,8 @@ imports the errors) must stay usable without it.
  * remembered_peers.py - peers kept in view until their records expire, so one partial read removes nobody
  * measurement_policy.py - which links a peer measures within its budget (the plan's, its site's, a rotating
                    sample); volunteers follow it and the coordinator expects what it yields
- * wire_format.py  - the codec of each transfer of a plan (fp32, fp16, 8-bit) and the bytes the cost model prices
+ * wire_format.py  - the codec of each transfer of a plan (per hop and stage group where chosen so) and the bytes the
+                     cost model prices (pure Python: the scheduler prices a wire without pydantic)
  * codecs.py       - tensors encoded in those codecs with hivemind's serializers, and their error bounds
  * framing.py      - activation/gradient frames on a stream, and the receiver's checks
  * rpc_messages.py - the small messages of the other calls (state questions, audits, dial-backs): schemas, one reader

@@ -218,9 +218,12 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
 
 
 def _check_codec(name: str, codec: object, allowed: tuple[Codec, ...]) -> None:
-    if codec not in allowed:
-        kind = "activation deltas" if allowed == DELTA_CODECS else "whole tensors"
-        raise ValueError(f"{name}: {codec!r} is not a codec of {kind} ({', '.join(allowed)})")
+    if codec in allowed:
+        return
+    if allowed == DELTA_CODECS:
+        raise ValueError(f"{name}: activation deltas travel as {' or '.join(DELTA_CODECS)}, not {codec!r}")
+    deltas_only = f"{codec} is for activation deltas only; " if codec in DELTA_CODECS else f"{codec!r}: "
+    raise ValueError(f"{name}: {deltas_only}whole tensors travel as {', '.join(CODECS)}")
 
 
 def _check_codecs(name: str, codecs: object) -> None:

@@ -14,4 +14,5 @@ hivemind, torch or pydantic (tests/test_import_doors.py imports every module of 
  * scheduler.py      - find_plan: network + payloads in, deployable plan out
  * live_cost.py      - the live cost model: paper communication + per-peer compute + pipeline bubble + memory
  * live_objective.py - the live model as the search's objective, and the shapes and executions it tries
+ * wire_choice.py    - a placement priced for a wire, and the codec per hop and stage group `auto` chooses
 """
