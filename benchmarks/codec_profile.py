@@ -2,12 +2,12 @@
 
 The swarm of benchmarks/compression.py (8 clients, links emulated from the DT-FM world-wide scenario with bandwidths
 scaled, the tiny model on 2 pipelines × 4 stages) trains once per compression policy. After the warm-up, py-spy
-samples each client's process (all its threads, idle ones left out, so a sample is a thread on the CPU) for a window
-of steps; every sample is put in a phase by the code on its stack (`phase_of`): a codec's work is the codec's, the
-rest goes to the part of the step it is in. A phase's CPU seconds per step per client is its samples / the rate / the steps in the window / the clients; the codec
-phases' sum, against the measured step time, is the share the issue bounds at 10 %. Needs py-spy
-(`pip install py-spy`; it reads the clients' memory, so it runs as their user). Writes the "codec-profile" section of
-benchmarks/RESULTS.md.
+samples each client's process (all its threads, idle ones left out, so a sample is a thread on the CPU; not its DHT
+process) for a window of steps; every sample is put in a phase by the code on its stack (`phase_of`): a codec's work
+is the codec's, the rest goes to the part of the step it is in. A phase's CPU seconds per step per client is its
+samples / the rate / the steps in the window / the clients; the codec phases' sum, against the measured step time,
+is the share the issue bounds at 10 %. Needs py-spy (`pip install py-spy`; it reads the clients' memory, so it runs
+as their user). Writes the "codec-profile" section of benchmarks/RESULTS.md.
 
     python benchmarks/codec_profile.py [--policies model,8bit,auto,aq-sgd,sparse] [--window 60]
                                        [--bandwidth-scale 0.002]
@@ -19,6 +19,7 @@ import collections
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,12 @@ COMPUTE = ("client/training/stage_passes.py:", "torch/autograd/", "torch/nn/modu
 PHASES = (*(phase for phase, _ in CODEC_MODULES), "codec: all-reduce parts", "codec: pipeline frames",
           "all-reduce (besides codecs)", "frames (besides codecs)", "forward and backward")
 OTHER = "other (DHT, p2p, records, event loop)"
+WAITING = "waiting"
+WAITS = ("_worker", "EpollSelector.select", "socket.accept", "Connection._recv")
+"""Innermost frames of a thread blocked in C (a pool worker's empty queue, the event loop's select, a listener, a
+pipe): py-spy's idle check lets them through here, so they are counted apart, as waiting, not as CPU."""
+PY_SPY = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+"""On the PATH, or beside this interpreter (a virtual environment not activated)."""
 PROFILE_RATE = 50
 """Samples per second per process: 8 samplers stay light beside the 2 cores the swarm trains on."""
 
@@ -69,6 +76,8 @@ def phase_of(stack: str) -> str:
     """The phase of a collapsed stack ("outer;...;inner", each frame "function (path:line)"): a codec's work is the
     codec's whoever called it, the rest goes to the innermost part of the step it is in."""
     frames = [_where(frame) for frame in stack.split(";")]
+    if stack.rpartition(";")[2].partition(" (")[0] in WAITS:
+        return WAITING
 
     def on_stack(wheres: tuple[str, ...]) -> bool:
         return any(where in frame for frame in frames for where in wheres)
@@ -103,9 +112,9 @@ class Sampler:
         steps = [record.step for record in watch.latest.values() if record.health == "training"]
         if self.started_at is None and steps and min(steps) >= self.start_step:
             self.started_at = min(steps)
-            self.processes = [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(PROFILE_RATE),
+            self.processes = [subprocess.Popen([PY_SPY, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE),
                                                 "--duration", str(int(self.window_s)), "--format", "raw",
-                                                "--nonblocking", "--output", str(self.out / f"{pid}.txt")],
+                                                "--output", str(self.out / f"{pid}.txt")],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                               for pid in _client_pids()]
 
@@ -120,16 +129,17 @@ class Sampler:
 
 
 def _client_pids() -> list[int]:
-    """This benchmark's `hetswarm join` processes (the demo starts each client as one)."""
-    pids = []
+    """This benchmark's `hetswarm join` processes (the demo starts each client as one), not their DHT processes
+    (forked from them, so with the same command line)."""
+    clients = {}
     for child in psutil.Process(os.getpid()).children(recursive=True):
         try:
-            command = child.cmdline()
+            command, parent = child.cmdline(), child.ppid()
         except psutil.NoSuchProcess:
             continue
         if "join" in command and "--public-name" in command:
-            pids.append(child.pid)
-    return pids
+            clients[child.pid] = parent
+    return [pid for pid, parent in clients.items() if parent not in clients]
 
 
 def main() -> None:
@@ -142,7 +152,7 @@ def main() -> None:
                                                                     "second pass on)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if shutil.which("py-spy") is None:
+    if PY_SPY is None:
         raise SystemExit("codec_profile needs py-spy: pip install py-spy")
     policies = args.policies.split(",")
     rows, wall = [], time.monotonic()
@@ -155,21 +165,22 @@ def main() -> None:
         steps = args.warmup + 2 + int(args.window)  # a step takes over a second on these links: enough to outlast it
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=2, compression=policy,
                             workdir=workdir, bandwidth_scale=args.bandwidth_scale, seed=args.seed,
-                            data_period=args.data_period, step_timeout_s=120.0)
+                            data_period=args.data_period, step_timeout_s=120.0, start_timeout_s=600.0)
         print(f"policy {policy}: {steps} steps, profiled from step {args.warmup} for {args.window:.0f} s; logs: "
               f"{workdir}", flush=True)
         phase = run_swarm(config, on_update=sampler.on_update)[0]
         keys = keys or workdir / "keys"
         rows.append(_row(policy, phase, sampler))
         print(rows[-1], flush=True)
-    header = ["policy", "wire", "measured (s/step)", *PHASES, OTHER, "codecs / step"]
+    header = ["policy", "wire", "measured (s/step)", *PHASES, OTHER, f"{WAITING} (not CPU)", "codecs / step"]
     markdown = f"""## Codec CPU per step: py-spy on every client, by phase
 
 Command: `{command_line()}` at {revision()} on the project's 2-core machine, {(time.monotonic() - wall) / 60:.0f} min.
 
 {__doc__.split(chr(10) * 2)[1]}
 
-Each phase column: CPU seconds per step per client (mean over the 8 clients). The data order repeats every
+Each phase column: CPU seconds per step per client (mean over the 8 clients); the waiting column counts samples of
+threads blocked in C that py-spy took for running (`WAITS`). The data order repeats every
 {args.data_period} steps, so aq-sgd sends deltas through the window.
 
 | {" | ".join(header)} |
@@ -185,7 +196,7 @@ def _row(policy: str, phase: PhaseResult, sampler: Sampler) -> str:
     if sampler.started_at is None or phase.measured_step_s is None:
         raise SystemExit(f"policy {policy}: the run ended before the window was profiled")
     steps = sampler.window_s / phase.measured_step_s
-    seconds = [profile.per_step_s(name, steps) for name in (*PHASES, OTHER)]
+    seconds = [profile.per_step_s(name, steps) for name in (*PHASES, OTHER, WAITING)]
     codecs = sum(s for name, s in zip(PHASES, seconds) if name.startswith("codec"))
     cells = [policy, phase.wire, f"{phase.measured_step_s:.3f}", *(f"{s:.3f}" for s in seconds),
              f"{codecs:.3f} s, {codecs / phase.measured_step_s:.1%} of the step"]

@@ -110,7 +110,7 @@ def main() -> None:
         workdirs[policy] = workdir
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
                             workdir=workdir, data_period=period, bandwidth_scale=args.bandwidth_scale,
-                            seed=args.seed, step_timeout_s=120.0)
+                            seed=args.seed, step_timeout_s=120.0, start_timeout_s=600.0)
         print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
         results[policy] = run_swarm(config)[0]
         phase = results[policy]
