@@ -21,8 +21,9 @@ values not sent wait in the error-feedback residual for a later step (random-k w
 
 The coordinator chooses the codecs with a policy (``CompressionPolicy``) and the plan carries them
 (``Assignment.wire``). Under `auto` the choice is per link: each pipeline hop and each stage group's all-reduce
-gets the least lossy codec that keeps the plan's predicted step near its fastest (coordinator/planner.py), so a
-fast hop inside a site keeps full precision while a slow one between regions goes 8-bit. Compressed gradients of
+gets the least lossy codec that keeps the plan's predicted step near its fastest
+(coordinator/scheduling/wire_choice.py), so a fast hop inside a site keeps full precision while a slow one between
+regions goes 8-bit. Compressed gradients of
 the all-reduce keep their quantization error and add it to the next step's (error feedback,
 client/training/error_feedback.py), so that compression delays a gradient's information but does not lose it.
 
@@ -62,8 +63,8 @@ CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse")
 """`model`: the model config's byte widths (2 → fp16 activations, 4 → fp32 gradients); `none`: fp32 everywhere;
 `fp16`, `8bit`: that codec everywhere; `auto`: per link, the least lossy codecs that keep the predicted step time
-within AUTO_TOLERANCE of the fastest (coordinator/planner.py); `aq-sgd`: 8-bit everywhere and 4-bit activation deltas (the
-model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random SPARSE_DENSITY of the
+within AUTO_TOLERANCE of the fastest (coordinator/scheduling/wire_choice.py); `aq-sgd`: 8-bit everywhere and 4-bit
+activation deltas (the model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random SPARSE_DENSITY of the
 gradient per step."""
 
 AUTO_TOLERANCE = 0.05
@@ -129,7 +130,10 @@ class WireFormat:
         """JSON-ready; the per-link fields only when set, so a plan without them reads as before."""
         data = {field.name: getattr(self, field.name) for field in fields(self)}
         for name in ("hops", "groups"):
-            data.pop(name) if data[name] is None else data.update({name: _as_lists(data[name])})
+            if data[name] is None:
+                del data[name]
+            else:
+                data[name] = _as_lists(data[name])
         return data
 
     @property

@@ -209,7 +209,8 @@ def test_auto_gives_each_transfer_the_least_lossy_codec_the_step_time_allows():
     view = build_view(worldwide_records(8, tflops=1.0))
     config = PlannerConfig(model=get_model_config("small"), d_dp=2, d_pp=4, search=DETERMINISTIC)
     auto = propose(view, replace(config, compression="auto"))
-    fastest = min(propose(view, replace(config, compression=policy)).live.total_s for policy in ("none", "fp16", "8bit"))
+    fastest = min(propose(view, replace(config, compression=policy)).live.total_s
+                  for policy in ("none", "fp16", "8bit"))
     wire, budget = auto.wire, fastest * (1 + AUTO_TOLERANCE)
     assert wire.per_link and auto.live.total_s <= budget
     hops = [[wire.hop_codec("activations", s, r) for r in range(2)] for s in range(3)]
