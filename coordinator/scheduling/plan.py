@@ -108,8 +108,11 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
     stage, replica = np.unravel_index(np.argmax(group_sums), group_sums.shape)
     network = model.network
     pairs = grid[:-1], grid[1:]  # (d_pp - 1, d_dp) each: stage s → s+1 of pipeline r
-    pp_gb = model.payloads.pp_bytes / BYTES_PER_GB if hop_pp_bytes is None else np.asarray(hop_pp_bytes) / BYTES_PER_GB
-    hops = edge_time_s(network.latency_ms[pairs], network.bandwidth_gbps[pairs], pp_gb)
+    if hop_pp_bytes is None:  # every hop at c_PP: the model's precomputed link times
+        pp_gb, hops = model.payloads.pp_bytes / BYTES_PER_GB, model.pp_edge_s[pairs]
+    else:
+        pp_gb = np.asarray(hop_pp_bytes) / BYTES_PER_GB
+        hops = edge_time_s(network.latency_ms[pairs], network.bandwidth_gbps[pairs], pp_gb)
     bottleneck = None
     if len(hops):
         hop_stage, pipeline = np.unravel_index(np.argmax(hops), hops.shape)
