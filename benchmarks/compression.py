@@ -57,7 +57,7 @@ def bytes_free_floor(plan_path: Path) -> float:
     return free.breakdown.total_s + live["compute_s"] + live["bubble_s"] + live["commit_s"]
 
 
-TARGETS = {"8bit": (1.6, 0.02), "aq-sgd": (2.5, 0.03), "sparse": (2.5, 0.03)}
+TARGETS = {"8bit": (1.6, 0.02), "aq-sgd": (2.5, 0.03), "sparse": (2.5, 0.03), "powersgd": (2.5, 0.03)}
 """The issue's targets against the wire before compression: speed-up per step, and loss change at most."""
 
 

@@ -143,6 +143,13 @@ class ModelCounts:
         shared = self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
         return layers * self.params_per_layer + self.embedding_params * first + self.head_params * last - shared
 
+    def matrix_params_of(self, layers: int, *, first: bool, last: bool) -> int:
+        """The parameters of `params_of` that are matrices (a low-rank all-reduce factors them): the layers' matrix
+        products, the embeddings (tokens, and `gpt2`'s positions) and the output projection."""
+        shared = self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
+        return (layers * self.matrix_params_per_layer + self.embedding_params * first
+                + self.d_model * self.vocab_size * last - shared)
+
     def flops_per_token_of(self, layers: int, *, first: bool, last: bool) -> float:
         """Forward+backward FLOPs per token of such a stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""
         return 6.0 * self.params_of(layers, first=first, last=last) + layers * 12 * self.seq_len * self.d_model

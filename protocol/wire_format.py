@@ -18,6 +18,11 @@ A sparse all-reduce (``allreduce_density``) averages, each step, only a random s
 SAMPLE_BLOCK_VALUES values, the same on every member and drawn from the step alone, so no indices travel; the
 values not sent wait in the error-feedback residual for a later step (random-k with memory: Stich et al. 2018,
 "Sparsified SGD with Memory"; CocktailSGD, Wang et al. 2023, samples at random the same way before quantizing).
+A low-rank all-reduce (``allreduce_low_rank``) sends each gradient matrix as two thin factors whose values are that
+share of the matrix's, in two rounds a step, and the rest waits in the residual too (PowerSGD: Vogels et al. 2019,
+"PowerSGD: Practical Low-Rank Gradient Compression for Distributed Optimization"; client/training/low_rank.py).
+A random sample loses much of what the model learns early, low-rank factors little (benchmarks/gradient_options.py
+trains the tiny model with each; its numbers are in benchmarks/RESULTS.md).
 
 The coordinator chooses the codecs with a policy (``CompressionPolicy``) and the plan carries them
 (``Assignment.wire``). Under `auto` the choice is per link: each pipeline hop and each stage group's all-reduce
@@ -39,7 +44,8 @@ from typing import Any, Literal
 from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES", "DELTA_CODECS", "Codec",
-           "CompressionPolicy", "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat", "candidate_wires"]
+           "CompressionPolicy", "LOW_RANK_SHARE", "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat",
+           "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit", "4bit", "2bit"]
 CODECS: tuple[Codec, ...] = ("fp32", "fp16", "8bit")
@@ -58,14 +64,19 @@ sent fills one block of the 8-bit codec."""
 SPARSE_DENSITY = 1 / 16
 """The share of the gradient the `sparse` policy's all-reduce sends each step: every value is sent, on average,
 once in 16 steps; with 8-bit values, 63 times fewer bytes than fp32."""
+LOW_RANK_SHARE = 1 / 4
+"""The share of a gradient matrix's values the `powersgd` policy's factors hold: with 8-bit values, about 15 times
+fewer bytes than fp32 (the norms' and biases' vectors travel whole)."""
 
-CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse"]
-COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse")
+CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse", "powersgd"]
+COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse",
+                                                       "powersgd")
 """`model`: the model config's byte widths (2 → fp16 activations, 4 → fp32 gradients); `none`: fp32 everywhere;
 `fp16`, `8bit`: that codec everywhere; `auto`: per link, the least lossy codecs that keep the predicted step time
 within AUTO_TOLERANCE of the fastest (coordinator/scheduling/wire_choice.py); `aq-sgd`: 8-bit everywhere and 4-bit
-activation deltas (the model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random SPARSE_DENSITY of the
-gradient per step."""
+activation deltas (the model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random
+SPARSE_DENSITY of the gradient per step; `powersgd`: 8-bit everywhere and an all-reduce of low-rank factors holding
+LOW_RANK_SHARE of each gradient matrix."""
 
 AUTO_TOLERANCE = 0.05
 
@@ -85,6 +96,9 @@ class WireFormat:
     allreduce_density: float | None = None
     """When set, the share of the gradient's values the all-reduce sends each step, a random sample of blocks drawn
     alike by every member (module docstring); the rest waits in the error-feedback residual."""
+    allreduce_low_rank: float | None = None
+    """When set, each gradient matrix is all-reduced as low-rank factors holding this share of its values (module
+    docstring); vectors travel whole, and the rest of a matrix waits in the error-feedback residual."""
     hops: tuple[tuple[Codec, ...], ...] | None = None
     """Per link: hops[s][r] is the codec of activations and their gradients on the hop from stage s to s + 1 of
     pipeline r; None: `activations` and `gradients` on every hop."""
@@ -97,8 +111,13 @@ class WireFormat:
         if self.activation_deltas is not None:
             _check_codec("activation_deltas", self.activation_deltas, DELTA_CODECS)
         density = self.allreduce_density
-        if density is not None and (type(density) is not float or not 0 < density < 1):
-            raise ValueError(f"allreduce_density must be a float strictly between 0 and 1, got {density!r}")
+        for name in ("allreduce_density", "allreduce_low_rank"):
+            share = getattr(self, name)
+            if share is not None and (type(share) is not float or not 0 < share < 1):
+                raise ValueError(f"{name} must be a float strictly between 0 and 1, got {share!r}")
+        if density is not None and self.allreduce_low_rank is not None:
+            raise ValueError("an all-reduce sends a sample (allreduce_density) or factors (allreduce_low_rank), "
+                             "not both")
         if self.hops is not None:
             if not isinstance(self.hops, tuple) or not self.hops or len({len(row) for row in self.hops}) != 1:
                 raise ValueError("hops must be one equally long, non-empty row of codecs per stage boundary")
@@ -127,12 +146,12 @@ class WireFormat:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; the per-link fields only when set, so a plan without them reads as before."""
+        """JSON-ready; the per-link and low-rank fields only when set, so a plan without them reads as before."""
         data = {field.name: getattr(self, field.name) for field in fields(self)}
-        for name in ("hops", "groups"):
+        for name in ("hops", "groups", "allreduce_low_rank"):
             if data[name] is None:
                 del data[name]
-            else:
+            elif name != "allreduce_low_rank":
                 data[name] = _as_lists(data[name])
         return data
 
@@ -174,19 +193,28 @@ class WireFormat:
         so the mean prices both exactly."""
         return self._hop_bytes(self.activations, self.gradients)
 
+    def allreduce_payload_bytes(self, model: ModelConfig, layers: int, *, first: bool, last: bool,
+                                stage: int | None = None) -> float:
+        """The bytes a stage of `layers` layers all-reduces per step, in stage `stage`'s codec (None: `allreduce`):
+        a sparse all-reduce sends only its sample, and no indices; a low-rank one its matrices' factors and its
+        vectors whole."""
+        codec = self.allreduce if stage is None else self.group_codec(stage)
+        whole = model.dp_payload_bytes_of(layers, first=first, last=last, bytes_per_value=BYTES_PER_VALUE[codec])
+        if self.allreduce_low_rank is None:
+            return whole * (self.allreduce_density or 1.0)
+        params = model.params_of(layers, first=first, last=last)
+        matrices = model.matrix_params_of(layers, first=first, last=last)
+        return whole * (1 - (1 - self.allreduce_low_rank) * matrices / params)
+
     @property
-    def allreduce_bytes_per_value(self) -> float:
-        """Per value of the gradient, in `allreduce`: a sparse all-reduce sends only its sample, and no indices."""
-        return BYTES_PER_VALUE[self.allreduce] * (self.allreduce_density or 1.0)
+    def allreduce_rounds(self) -> int:
+        """Rounds of each all-reduce per step: a low-rank one averages one factor, then the other."""
+        return 1 if self.allreduce_low_rank is None else 2
 
     def hop_bytes_per_value(self, stage: int, pipeline: int) -> float:
         """`pipeline_bytes_per_value` of one hop, in its own codec."""
         return self._hop_bytes(self.hop_codec("activations", stage, pipeline),
                                self.hop_codec("gradients", stage, pipeline))
-
-    def group_bytes_per_value(self, stage: int) -> float:
-        """`allreduce_bytes_per_value` of one stage group, in its own codec."""
-        return BYTES_PER_VALUE[self.group_codec(stage)] * (self.allreduce_density or 1.0)
 
     def _hop_bytes(self, activations: Codec, gradients: Codec) -> float:
         forward = self.activation_deltas or activations  # deltas: from the second pass on, as planned for
@@ -199,6 +227,8 @@ class WireFormat:
             whole = f"{self.activations} activations, {self.gradients} activation gradients, {self.allreduce} all-reduce"
         deltas = f", {self.activation_deltas} activation deltas" if self.activation_deltas else ""
         sparse = f", all-reduce of {self.allreduce_density:.3g} of the gradient per step" if self.allreduce_density else ""
+        if self.allreduce_low_rank:
+            sparse = f", all-reduce of low-rank factors holding {self.allreduce_low_rank:.3g} of each gradient matrix"
         if not self.per_link:
             return whole + deltas + sparse
         hops = _counted(codec for row in self.hops for codec in row) if self.hops else self.activations
@@ -218,6 +248,8 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")]
     if policy == "sparse":
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)]
+    if policy == "powersgd":
+        return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)]
     return [WireFormat.uniform(policy)]
 
 

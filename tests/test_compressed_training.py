@@ -14,7 +14,8 @@ retry must start from the same activation copies, so that the run again equals i
 With a codec per hop and per stage group (`auto`'s per-link wire), the replicas stay identical.
 
 With a sparse all-reduce (a random 1/16 of the gradient per step, protocol/wire_format.py), the retried step draws the
-same sample and starts from the same residuals, so the run with the fault again equals its twin.
+same sample and starts from the same residuals, so the run with the fault again equals its twin. So does a low-rank
+all-reduce (PowerSGD), whose retried step also starts from the factor its first try started from.
 """
 import shutil
 from dataclasses import replace
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.protocol.wire_format import SPARSE_DENSITY, WireFormat
+from hetswarm.protocol.wire_format import LOW_RANK_SHARE, SPARSE_DENSITY, WireFormat
 from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import states
 from tests.helpers.tiny_training import D_DP, D_PP, TINY
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.swarm
 EIGHT_BIT = WireFormat.uniform("8bit")
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
 SPARSE = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)
+LOW_RANK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)
 PER_LINK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", hops=(("fp32", "8bit"),),
                       groups=("8bit", "fp32"))
 """`auto`'s kind of wire: pipeline 0's hop exact and pipeline 1's 8-bit; stage 0's all-reduce 8-bit, stage 1's exact."""
@@ -116,6 +118,20 @@ def test_sparse_replicas_stay_identical_and_a_retried_step_equals_the_fault_free
     moved = max(float((value - dense["final_state"][name]).abs().max())
                 for result, dense in zip(sparse, fault_free) for name, value in result["final_state"].items())
     assert moved > 1e-4  # the plan's sample reached the stage groups: their updates differ from the dense 8-bit run's
+
+
+@pytest.mark.timeout(300)
+def test_low_rank_replicas_stay_identical_and_a_retried_step_equals_the_fault_free_run(tmp_path, identities,
+                                                                                       fault_free):
+    low_rank = _run(tmp_path / "fault-free", identities, Fault.NONE, LOW_RANK)
+    faulty = _run(tmp_path / "faulty", identities, Fault.ONE_SIDED_PARTIAL_ALLREDUCE, LOW_RANK)
+    for results in (low_rank, faulty):
+        _assert_replicas_identical(results)
+    assert any(r["reports"][FAULT_STEP]["attempt"] >= 1 for r in faulty)  # the fault step was retried
+    _assert_equal_runs(faulty, low_rank)
+    moved = max(float((value - dense["final_state"][name]).abs().max())
+                for result, dense in zip(low_rank, fault_free) for name, value in result["final_state"].items())
+    assert moved > 1e-4  # the factors reached the stage groups: their updates differ from the dense 8-bit run's
 
 
 @pytest.mark.timeout(300)

@@ -50,10 +50,12 @@ def test_flatten_and_unflatten_are_inverse():
 
 
 def test_the_sparse_policy_prices_only_the_sample_and_densities_are_checked():
-    wire, = candidate_wires("sparse", get_model_config("tiny"))
+    model = get_model_config("tiny")
+    wire, = candidate_wires("sparse", model)
     assert wire.allreduce == "8bit" and wire.allreduce_density == SPARSE_DENSITY
-    assert math.isclose(wire.allreduce_bytes_per_value,
-                        WireFormat.uniform("8bit").allreduce_bytes_per_value * SPARSE_DENSITY)
+    stage = {"layers": 2, "first": True, "last": False}
+    assert math.isclose(wire.allreduce_payload_bytes(model, **stage),
+                        WireFormat.uniform("8bit").allreduce_payload_bytes(model, **stage) * SPARSE_DENSITY)
     assert "of the gradient per step" in wire.describe()
     for density in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError):

@@ -13,6 +13,7 @@ import torch
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.gradient_sample import GradientSample
 from hetswarm.client.training.group_allreduce import StageGroup
+from hetswarm.client.training.low_rank import factor_rank
 from tests.helpers.p2p_nodes import connected_p2ps
 
 pytestmark = pytest.mark.swarm
@@ -326,3 +327,44 @@ def test_a_member_that_sends_in_another_codec_is_left_out_and_named():
     for seed, local in enumerate(history[0][:2]):
         for got, original in zip(local, _tensors(seed)):
             assert torch.equal(got, original)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("codec", ["fp32", "8bit"])
+def test_a_low_rank_round_applies_the_same_factors_everywhere_and_error_feedback_carries_the_rest(codec):
+    """Two rounds a step, each member applying the same bits; what the factors left out waits in the residuals:
+    Σ_t average_t = Σ_t mean_t − the residuals left."""
+    steps = 6
+    history, outcomes, residuals = asyncio.run(_compressed_rounds([codec] * 3, steps, low_rank=0.25))
+    assert outcomes == [[None, None, None]] * steps
+    flat = [[torch.cat([t.flatten() for t in local]) for local in round_] for round_ in history]
+    for round_ in flat:
+        assert all(torch.equal(round_[0], other) for other in round_[1:])  # replicas stay bit-identical
+    means = _means(steps)
+    matrix = history[0][0][0]  # (40, 16), averaged as factors of rank 3
+    assert int(torch.linalg.matrix_rank(matrix)) == 3
+    one_step = [float((round_[0] - mean).norm() / mean.norm()) for round_, mean in zip(flat, means)]
+    assert 0.1 < one_step[0] < 1  # a projection: never more than the average itself is lost
+    assert float(residuals.abs().max()) > 0.1
+    torch.testing.assert_close(sum(round_[0] for round_ in flat) + residuals, sum(means), rtol=0, atol=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_a_low_rank_round_averages_matrices_of_low_rank_exactly():
+    """Members whose matrices have rank 1 average to rank 3 at most, which factors of rank 3 hold: the first step's
+    average is the exact mean, to float rounding."""
+    async def rounds() -> list[list[torch.Tensor]]:
+        async with connected_p2ps(3) as p2ps:
+            groups = _groups(p2ps, PATIENT, low_rank=0.25)
+            for group in groups:
+                await group.attach()
+            tensors = [[torch.outer(torch.randn(40), torch.randn(16)), torch.randn(16)] for _ in groups]
+            means = [torch.stack([local[i] for local in tensors]).mean(0) for i in range(2)]
+            await asyncio.gather(*(group.average(local, step=0) for group, local in zip(groups, tensors)))
+            return [means, *tensors]
+
+    assert factor_rank((40, 16), 0.25) == 3
+    means, *results = asyncio.run(rounds())
+    for local in results:
+        for got, mean in zip(local, means):
+            torch.testing.assert_close(got, mean, rtol=0, atol=1e-5)

@@ -82,8 +82,10 @@ def coordinator(
                                                   "least lossy codec that keeps the predicted step within 5 % of "
                                                   "the fastest), aq-sgd (8bit, and 4-bit "
                                                   "activation deltas from the second pass on; needs "
-                                                  "--data-period), or sparse (8bit, and each step's all-reduce "
-                                                  "of a random 1/16 of the gradient).")] = "model",
+                                                  "--data-period), sparse (8bit, and each step's all-reduce "
+                                                  "of a random 1/16 of the gradient), or powersgd (8bit, and "
+                                                  "each gradient matrix all-reduced as low-rank factors holding "
+                                                  "1/4 of its values).")] = "model",
     data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
                                                             "aq-sgd needs it.")] = None,
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "

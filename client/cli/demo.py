@@ -31,7 +31,7 @@ def demo(
                                                "(random, or scheduled when --plan is not).")] = True,
     model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
     compression: Annotated[str, typer.Option(help="The coordinator's policy for the wire: model, none, fp16, 8bit, "
-                                                  "auto, aq-sgd or sparse (default: the winner of "
+                                                  "auto, aq-sgd, sparse or powersgd (default: the winner of "
                                                   "benchmarks/compression.py).")] = DEMO_COMPRESSION,
     data_period: Annotated[Optional[int], typer.Option(help="Steps per pass over a repeating data order "
                                                             "(aq-sgd needs one).")] = None,

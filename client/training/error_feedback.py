@@ -45,8 +45,14 @@ class ErrorFeedback:
 
     def residual(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
         """The residual carried into this round for `key`: zeros when there is none (a first step, a new plan)."""
+        carried = self.carried(key, like.shape)
+        return torch.zeros_like(like) if carried is None else carried
+
+    def carried(self, key: Hashable, shape: torch.Size | tuple[int, ...]) -> torch.Tensor | None:
+        """What the last committed round recorded for `key`, if of `shape`: a residual, or other state that must
+        start a retry where its first try started (a low-rank round's factor, client/training/low_rank.py)."""
         carried = self._carried.get(key)
-        return carried if carried is not None and carried.shape == like.shape else torch.zeros_like(like)
+        return carried if carried is not None and carried.shape == shape else None
 
     def record(self, round_: AttemptKey, key: Hashable, residual: torch.Tensor) -> None:
         """The residual `round_` made for `key`: what it meant to send minus what the receiver decodes; dropped

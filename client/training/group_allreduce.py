@@ -19,7 +19,9 @@ counted.
 
 A sparse group (``density``) averages, each round, only the sample of blocks its members draw alike from the step
 (client/training/gradient_sample.py); every other value of a member's gradient stays in its error-feedback residual,
-and each member holds the same averages, zero outside the sample.
+and each member holds the same averages, zero outside the sample. A low-rank group (``low_rank``) averages each step
+in two rounds, one per factor of its gradient matrices (client/training/low_rank.py). Both send one flat vector a
+round, and a reducer's residual joins its own (`_flat_round`).
 
 A dead or silent member does not make ``AllReduceRunner`` fail: it quietly averages the parts it got
 (docs/hivemind.md, pitfall 7). ``StageGroup.average`` therefore checks ``failed_size`` and ``banned_senders``
@@ -47,6 +49,7 @@ from hetswarm.client.training.error_feedback import ErrorFeedback
 from hetswarm.client.training.errors import PartialAllReduce
 from hetswarm.client.training.exact_allreduce import ExactAllReduceRunner, RecordingCompression
 from hetswarm.client.training.gradient_sample import GradientSample, flatten, unflatten
+from hetswarm.client.training.low_rank import LowRankStep
 from hetswarm.client.training.part_bounds import MAX_PART_NORM_RATIO
 from hetswarm.client.training.reduction_audit import parse_reveal_request, shown_part
 from hetswarm.protocol.codecs import allreduce_compression
@@ -197,7 +200,7 @@ class StageGroup(Served):
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
         reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-        density: float | None = None, part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
+        density: float | None = None, low_rank: float | None = None, part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
         private_key: RSAPrivateKey | None = None,
     ) -> None:
         """
@@ -211,6 +214,8 @@ class StageGroup(Served):
             codec: how parts travel (protocol/wire_format.py); a lossy one carries error feedback across steps.
             density: when set, each round averages only this share of the values, a sample of blocks every member
                 draws alike (client/training/gradient_sample.py); the rest is carried by error feedback.
+            low_rank: when set, each gradient matrix is averaged as low-rank factors holding this share of its values
+                (client/training/low_rank.py); the rest is carried by error feedback.
             part_norm_ratio: how much larger than this member's own a sender's part may be (ExactAllReduceRunner);
                 None for a group whose members hold different gradients by design (tied_embeddings.py).
             private_key: this member's identity: with it, an fp32 group's parts are signed and its reducers audited
@@ -222,8 +227,11 @@ class StageGroup(Served):
             raise ValueError(f"need 0 < sender_timeout_s < reducer_timeout_s, got {sender_timeout_s} and "
                              f"{reducer_timeout_s} (hivemind would ban reducers that wait for senders)")
         self.p2p, self.namespace, self.round_tag, self.aggregation = p2p, namespace, round_tag, aggregation
-        self.codec, self.density, self.part_norm_ratio, self.private_key = codec, density, part_norm_ratio, private_key
-        self.feedback = ErrorFeedback() if codec != "fp32" or density is not None else None
+        if density is not None and low_rank is not None:
+            raise ValueError("a stage group averages a sample (density) or factors (low_rank), not both")
+        self.codec, self.density, self.low_rank = codec, density, low_rank
+        self.part_norm_ratio, self.private_key = part_norm_ratio, private_key
+        self.feedback = ErrorFeedback() if codec != "fp32" or density or low_rank else None
         self.members = sorted(members, key=lambda peer: peer.to_bytes())
         self.sender_timeout_s, self.reducer_timeout_s = sender_timeout_s, reducer_timeout_s
         self.router = GroupRouter(self.members, join_wait_s=sender_timeout_s, answer_wait_s=reducer_timeout_s)
@@ -232,8 +240,9 @@ class StageGroup(Served):
     def handlers(self) -> GroupRouter:
         return self.router
 
-    def group_id(self, step: int, attempt: int = 0) -> GroupID:
-        return hashlib.sha256(f"{self.round_tag}/step{step}/attempt{attempt}".encode()).digest()
+    def group_id(self, step: int, attempt: int = 0, phase: str = "") -> GroupID:
+        """`phase` names a round of a step that takes more than one (a low-rank all-reduce's factors)."""
+        return hashlib.sha256(f"{self.round_tag}/step{step}/attempt{attempt}{phase}".encode()).digest()
 
     async def average(self, tensors: Sequence[torch.Tensor], *, step: int, attempt: int = 0) -> None:
         """Replaces ``tensors`` in place by their average over the group (equal weights); a group of one skips.
@@ -251,22 +260,73 @@ class StageGroup(Served):
             self.feedback.begin(step, attempt)
             for index, copy in enumerate(copies):
                 copy.add_(self.feedback.residual(("sent", index), copy))
-        flat = None if self.density is None else flatten(copies)
-        sample = None if flat is None else GradientSample(flat.numel(), density=self.density,
-                                                          round_tag=self.round_tag, step=step)
-        sent = copies if sample is None else [sample.gather(flat)]
-        sent_errors = [torch.zeros_like(part) for part in sent]
-        reduced = None if sample is None else ErrorFeedback()  # this round's errors of the averages we reduce
-        if reduced is not None:
-            reduced.begin(step, attempt)
+        if self.low_rank is not None:
+            averages, errors = await self._low_rank_average(copies, step, attempt)
+        elif self.density is not None:
+            averages, errors = await self._sparse_average(copies, step, attempt)
+        else:
+            sent_errors = [torch.zeros_like(copy) for copy in copies]
+            averages, _ = await self._round(copies, step, attempt, feedback=self.feedback, sent_errors=sent_errors)
+            errors = sent_errors
+        if self.feedback is not None:
+            for index, error in enumerate(errors):
+                self.feedback.record((step, attempt), ("sent", index), error)
+            self.feedback.complete((step, attempt))
+        for tensor, averaged in zip(tensors, averages):
+            tensor.copy_(averaged)
+
+    async def _sparse_average(self, copies: list[torch.Tensor], step: int, attempt: int
+                              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The averages of this step's sample of `copies`, zero elsewhere, and each copy's residual: its values
+        outside the sample, and what the codec cut from those in it."""
+        flat = flatten(copies)
+        sample = GradientSample(flat.numel(), density=self.density, round_tag=self.round_tag, step=step)
+        average, error = await self._flat_round(sample.gather(flat), step, attempt)
+        return (unflatten(sample.scatter(average, into=torch.zeros(sample.numel)), copies),
+                unflatten(sample.scatter(error, into=flat), copies))
+
+    async def _low_rank_average(self, copies: list[torch.Tensor], step: int, attempt: int
+                                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The averages of `copies` as low-rank factors, and each copy's residual (client/training/low_rank.py); the
+        factors' Q̄ carried as the residuals are, so that a retried step starts from the same Q."""
+        factors = LowRankStep(copies, share=self.low_rank, round_tag=self.round_tag,
+                              carried=lambda index, shape: self.feedback.carried(("factor", index), shape))
+        first = factors.first_round()
+        first_average, first_error = await self._flat_round(flatten(first), step, attempt, phase="/p")
+        first_averages, first_errors = unflatten(first_average, first), unflatten(first_error, first)
+        second = factors.second_round(first_averages)
+        second_average, second_error = await self._flat_round(flatten(second), step, attempt, phase="/q")
+        q_averages = unflatten(second_average, second)
+        for index, q in zip(factors.factored, q_averages):
+            self.feedback.record((step, attempt), ("factor", index), q)
+        return (factors.averages(first_averages, q_averages),
+                factors.residuals(first_errors, unflatten(second_error, second)))
+
+    async def _flat_round(self, values: torch.Tensor, step: int, attempt: int, phase: str = ""
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One round of a flat vector: its average, and what the codec cut from it on the way to the reducers plus,
+        n times over, what it cut from the averages this member reduced (`_reduced_errors`)."""
+        sent_error = torch.zeros_like(values)
+        reduced = ErrorFeedback()  # this round's errors of the averages we reduce
+        reduced.begin(step, attempt)
+        (average,), runner = await self._round([values], step, attempt, phase=phase, feedback=reduced,
+                                               sent_errors=[sent_error])
+        return average, sent_error + len(self.members) * self._reduced_errors(runner, reduced)
+
+    async def _round(self, sent: list[torch.Tensor], step: int, attempt: int, *, phase: str = "",
+                     feedback: ErrorFeedback | None, sent_errors: list[torch.Tensor]
+                     ) -> tuple[list[torch.Tensor], ExactAllReduceRunner]:
+        """One all-reduce round of `sent`: the averages, bit-identical on every member, and its runner. Under a lossy
+        codec, `sent_errors` receive what the codec cut from `sent`, and `feedback` the reducer's residuals."""
         wire_bytes = int(sum(part.numel() for part in sent) * BYTES_PER_VALUE[self.codec])
         runner = ExactAllReduceRunner(
-            p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace, group_id=self.group_id(step, attempt),
-            tensors=sent, ordered_peer_ids=self.members, peer_fractions=(1.0,) * len(self.members),
-            sender_timeout=self.sender_timeout_s, reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation,
-            codec=self.codec, feedback=self.feedback if reduced is None else reduced, feedback_round=(step, attempt),
-            part_norm_ratio=self.part_norm_ratio, private_key=self.private_key,
-            compression=(allreduce_compression(self.codec) if self.feedback is None
+            p2p=self.p2p, servicer_type=GroupRouter, prefix=self.namespace,
+            group_id=self.group_id(step, attempt, phase), tensors=sent, ordered_peer_ids=self.members,
+            peer_fractions=(1.0,) * len(self.members), sender_timeout=self.sender_timeout_s,
+            reducer_timeout=self.reducer_timeout_s, aggregation=self.aggregation, codec=self.codec,
+            feedback=feedback, feedback_round=(step, attempt), part_norm_ratio=self.part_norm_ratio,
+            private_key=self.private_key,
+            compression=(allreduce_compression(self.codec) if feedback is None
                          else RecordingCompression(allreduce_compression(self.codec), sent_errors)),
             # at least two parts per member: a member that reduces no part of its own cannot notice a dead sender
             part_size_bytes=max(_MIN_PART_BYTES, min(DEFAULT_PART_SIZE_BYTES, wire_bytes // (2 * len(self.members)))),
@@ -277,23 +337,14 @@ class StageGroup(Served):
             await self._audit(runner, step)
         finally:
             runner.cancel_checks()
-        if sample is not None:
-            carried = sent_errors[0] + len(self.members) * self._reduced_errors(runner, reduced)
-            sent_errors = unflatten(sample.scatter(carried, into=flat), copies)
-            averages = unflatten(sample.scatter(averages[0], into=torch.zeros(sample.numel)), copies)
-        if self.feedback is not None:
-            for index, error in enumerate(sent_errors):
-                self.feedback.record((step, attempt), ("sent", index), error)
-            self.feedback.complete((step, attempt))
-        for tensor, averaged in zip(tensors, averages):
-            tensor.copy_(averaged)
+        return averages, runner
 
     @staticmethod
     def _reduced_errors(runner: ExactAllReduceRunner, reduced: ErrorFeedback) -> torch.Tensor:
-        """What the codec cut from the averages this member reduced in a sparse round, where they lie in the values
-        sent (its parts are views of them). A reducer's residual of a sample's average would belong to other values
-        at the next step; so it joins this member's own residual instead, n times over: n members' residuals are
-        averaged when their blocks are next sent (with the mean; CenteredClip may clip it)."""
+        """What the codec cut from the averages this member reduced in a round of one flat vector, where they lie in
+        it (its parts are views of it). A reducer's residual of a sample's or a factor's average would belong to
+        other values at the next step; so it joins this member's own residual instead, n times over: n members'
+        residuals are averaged when those values are next sent (with the mean; CenteredClip may clip it)."""
         errors = torch.zeros(runner.tensor_part_container.total_size)
         for (_, part_index), error in reduced.made().items():
             start = runner.parts_for_local_averaging[part_index].storage_offset()

@@ -92,7 +92,8 @@ async def start_stage(
     group = StageGroup(p2p, members, namespace=allreduce_namespace(swarm, role.stage), round_tag=tag,
                        sender_timeout_s=config.sender_timeout_s, reducer_timeout_s=config.reducer_timeout_s,
                        aggregation=role.aggregation, codec=role.wire.group_codec(role.stage),
-                       density=role.wire.allreduce_density, private_key=identity)
+                       density=role.wire.allreduce_density, low_rank=role.wire.allreduce_low_rank,
+                       private_key=identity)
 
     everyone = [PeerID.from_base58(peer) for peer in role.members]
     board = CommitBoard(p2p, everyone, namespace=commit_namespace(swarm, role.version), private_key=identity)

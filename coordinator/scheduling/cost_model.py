@@ -56,7 +56,8 @@ class Payloads:
         own byte widths."""
         if wire is None:
             return cls(dp_bytes=model.dp_payload_bytes(d_pp), pp_bytes=model.pp_payload_bytes(d_dp))
-        return cls(dp_bytes=model.dp_payload_bytes(d_pp, wire.allreduce_bytes_per_value),
+        return cls(dp_bytes=max(wire.allreduce_payload_bytes(model, b - a, first=s == 0, last=s == d_pp - 1)
+                                for s, (a, b) in enumerate(model.stage_layers(d_pp))),
                    pp_bytes=model.pp_payload_bytes(d_dp, wire.pipeline_bytes_per_value))
 
 
@@ -157,22 +158,26 @@ class PaperCostModel:
         group's own payload `dp_bytes` (m,)."""
         return self.member_times_s(groups, dp_bytes).max(axis=1)
 
-    def member_times_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
-        """(m, d_dp): each member's sum of sends in its group's all-reduce (`group_times_s` is the row max)."""
-        if dp_bytes is None:
+    def member_times_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None, rounds: int = 1) -> np.ndarray:
+        """(m, d_dp): each member's sum of sends in its group's all-reduce (`group_times_s` is the row max), of
+        `rounds` rounds that together send `dp_bytes` (a low-rank all-reduce takes two: protocol/wire_format.py)."""
+        if dp_bytes is None and rounds == 1:
             return self.dp_edge_s[groups[:, :, None], groups[:, None, :]].sum(axis=2)
-        latency = self.dp_latency_s[groups[:, :, None], groups[:, None, :]].sum(axis=2)
+        dp_bytes = np.full(len(groups), self.payloads.dp_bytes) if dp_bytes is None else dp_bytes
+        latency = rounds * self.dp_latency_s[groups[:, :, None], groups[:, None, :]].sum(axis=2)
         per_gb = self.dp_s_per_gb[groups[:, :, None], groups[:, None, :]].sum(axis=2)
         return latency + np.asarray(dp_bytes, dtype=float)[:, None] / BYTES_PER_GB * per_gb
 
-    def concurrent_allreduce_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None) -> np.ndarray:
+    def concurrent_allreduce_s(self, groups: np.ndarray, dp_bytes: np.ndarray | None = None, rounds: int = 1
+                               ) -> np.ndarray:
         """(m,) each group's all-reduce as the runtime runs it, for the live model (coordinator/scheduling/live_cost.py):
         hivemind's AllReduceRunner streams every shard to its reducer at once, each pair over its own path, so a
-        group takes as long as its slowest pair's two sends, not a member's sum of them (`member_times_s`)."""
+        group takes as long as its slowest pair's two sends, not a member's sum of them (`member_times_s`); a
+        group of `rounds` rounds pays their latency that many times."""
         pairs = groups[:, :, None], groups[:, None, :]
         payload_gb = (np.full(len(groups), self.payloads.dp_bytes) if dp_bytes is None
                       else np.asarray(dp_bytes, dtype=float)) / BYTES_PER_GB
-        return (self.dp_latency_s[pairs] + payload_gb[:, None, None] * self.dp_s_per_gb[pairs]).max(axis=(1, 2))
+        return (rounds * self.dp_latency_s[pairs] + payload_gb[:, None, None] * self.dp_s_per_gb[pairs]).max(axis=(1, 2))
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         block = self.pp_edge_s[np.ix_(group_a, group_b)]  # (d_dp, d_dp)

@@ -93,7 +93,7 @@ class Plan:
 
 
 def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarray | None = None,
-              hop_pp_bytes: np.ndarray | None = None) -> Plan:
+              hop_pp_bytes: np.ndarray | None = None, allreduce_rounds: int = 1) -> Plan:
     """Prices a grid as deployed: DataP over its rows, and each stage boundary at its slowest pipeline hop.
 
     No re-matching and no re-ordering happens here: a baseline is charged for the pipelines it actually builds.
@@ -102,9 +102,11 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
         stage_dp_bytes: (d_pp,) each stage's all-reduce payload, for stages cut unevenly or groups in codecs of
             their own; None: c_DP for all.
         hop_pp_bytes: (d_pp − 1, d_dp) each hop's c_PP, for hops in codecs of their own; None: c_PP for all.
+        allreduce_rounds: the rounds of each all-reduce (the wire's: protocol/wire_format.py), each paying the
+            links' latency.
     """
     grid = model.checked_partition(grid)
-    group_sums = model.member_times_s(grid, stage_dp_bytes)  # (d_pp, d_dp)
+    group_sums = model.member_times_s(grid, stage_dp_bytes, allreduce_rounds)  # (d_pp, d_dp)
     stage, replica = np.unravel_index(np.argmax(group_sums), group_sums.shape)
     network = model.network
     pairs = grid[:-1], grid[1:]  # (d_pp - 1, d_dp) each: stage s → s+1 of pipeline r
@@ -132,7 +134,7 @@ def cost_plan(model: PaperCostModel, grid: np.ndarray, stage_dp_bytes: np.ndarra
         ),
         data_parallel_critical=(int(stage), int(grid[stage, replica])),
         bottleneck=bottleneck,
-        stage_allreduce_s=model.concurrent_allreduce_s(grid, stage_dp_bytes),
+        stage_allreduce_s=model.concurrent_allreduce_s(grid, stage_dp_bytes, allreduce_rounds),
         hop_latency_s=edge_time_s(network.latency_ms[pairs], np.inf, 0.0),
         hop_s_per_gb=edge_time_s(0.0, network.bandwidth_gbps[pairs], 1.0),
         pp_gb=pp_gb,

@@ -41,12 +41,11 @@ def price_wire(network: Network, hardware: Hardware, grid: np.ndarray, wire: Wir
     model = hardware.model
     d_pp, d_dp = grid.shape
     paper = PaperCostModel(network, Payloads.from_model(model, d_dp=d_dp, d_pp=d_pp, wire=wire), d_dp=d_dp, d_pp=d_pp)
-    stage_dp_bytes = np.array([model.dp_payload_bytes_of(count, first=s == 0, last=s == d_pp - 1,
-                                                         bytes_per_value=wire.group_bytes_per_value(s))
+    stage_dp_bytes = np.array([wire.allreduce_payload_bytes(model, count, first=s == 0, last=s == d_pp - 1, stage=s)
                                for s, count in enumerate(execution.layer_counts)])
     hop_pp_bytes = None if wire.hops is None else np.array(
         [[model.pp_payload_bytes(d_dp, wire.hop_bytes_per_value(s, r)) for r in range(d_dp)] for s in range(d_pp - 1)])
-    plan = cost_plan(paper, grid, stage_dp_bytes, hop_pp_bytes)
+    plan = cost_plan(paper, grid, stage_dp_bytes, hop_pp_bytes, wire.allreduce_rounds)
     live = predict_step_s(plan, model, tflops=hardware.tflops, memory_gib=hardware.memory_gib,
                           latency_ms=network.latency_ms, execution=execution)
     return PricedWire(wire=wire, plan=plan, live=live)
