@@ -14,7 +14,13 @@ is measured from the second pass on, where AQ-SGD sends activation deltas. Write
 
     python benchmarks/compression.py [--steps 300] [--policies model,none,fp16,8bit]
     python benchmarks/compression.py --data-period 100 --passes 3 [--policies model,aq-sgd]
-    python benchmarks/compression.py --policies model,8bit,sparse --bandwidth-scale 0.0005 --section compression-sparse
+    python benchmarks/compression.py --policies model,8bit,sparse --bandwidth-scale 0.002 --section compression-sparse
+    python benchmarks/compression.py --layout bandwidth-bound [--steps 300] [--policies model,8bit,powersgd]
+
+`--layout bandwidth-bound` trains the `small` model (6.5 M parameters) instead of the tiny one, with bandwidths
+scaled so that the bytes of the wire before compression make most of the step (LAYOUTS): right after the first
+policy's plan has trained, it prints what share of that plan's predicted step its transfers' bytes take, and stops
+there if that is below BANDWIDTH_BOUND_SHARE, before the other policies train.
 """
 from __future__ import annotations
 
@@ -32,11 +38,16 @@ from results import command_line, write_section  # benchmarks/ is on sys.path wh
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
 from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.scheduling.plan import cost_plan
+from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.network import Network
 
 BASELINE = "model"
 """Today's wire before compression: fp16 activations and gradients, fp32 all-reduce (the model config's widths)."""
 LOSS_WINDOW = 20
+LAYOUTS = {"demo": ("tiny", 0.005), "bandwidth-bound": ("small", 0.01)}
+"""Layout → the model preset and the default bandwidth scale."""
+BANDWIDTH_BOUND_SHARE = 0.6
+"""The least share of the first policy's predicted step its transfers' bytes take in the bandwidth-bound layout."""
 
 
 def _final_loss(phase: PhaseResult) -> float:
@@ -75,6 +86,11 @@ def _targets(results: dict[str, PhaseResult], baseline: str) -> str:
     return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
+def bytes_share(plan_path: Path, base: PhaseResult) -> float:
+    """The share of the plan's predicted step that its transfers' bytes take (the rest: latency and compute)."""
+    return 1 - bytes_free_floor(plan_path) / base.predicted_step_s
+
+
 def _floor(plan_path: Path, base: PhaseResult) -> str:
     floor = bytes_free_floor(plan_path)
     return (f"With every byte free, the live model predicts {floor:.3f} s per step on the placement of the first "
@@ -91,7 +107,9 @@ def main() -> None:
     parser.add_argument("--data-period", type=int, help="steps per pass over a repeating data order")
     parser.add_argument("--passes", type=int, default=3, help="passes to train with --data-period (the first is the "
                                                                "warm-up)")
-    parser.add_argument("--bandwidth-scale", type=float, default=0.005)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="demo",
+                        help="demo: the tiny model; bandwidth-bound: the small model, bytes most of the step")
+    parser.add_argument("--bandwidth-scale", type=float, help="emulated bandwidths × this (default: the layout's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--section", help="RESULTS.md section to write (default: compression, or "
                                           "activation-deltas with --data-period)")
@@ -99,6 +117,9 @@ def main() -> None:
     period = args.data_period
     policies = (args.policies or ("model,aq-sgd" if period else "model,none,fp16,8bit")).split(",")
     warmup, steps = (period, (args.passes - 1) * period) if period else (2, args.steps)
+    model_name, default_scale = LAYOUTS[args.layout]
+    bandwidth_scale = args.bandwidth_scale or default_scale
+    model = get_model_config(model_name)
 
     results: dict[str, PhaseResult] = {}
     workdirs: dict[str, Path] = {}
@@ -109,13 +130,19 @@ def main() -> None:
             shutil.copytree(workdirs[policies[0]] / "keys", workdir / "keys")
         workdirs[policy] = workdir
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
-                            workdir=workdir, data_period=period, bandwidth_scale=args.bandwidth_scale,
-                            seed=args.seed, step_timeout_s=120.0, start_timeout_s=600.0)
+                            workdir=workdir, data_period=period, bandwidth_scale=bandwidth_scale, model=model_name,
+                            seed=args.seed, step_timeout_s=600.0, start_timeout_s=600.0)
         print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
         results[policy] = run_swarm(config)[0]
         phase = results[policy]
         print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
               f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
+        if args.layout == "bandwidth-bound" and len(results) == 1:
+            share = bytes_share(workdir / "run-scheduled" / "plan.json", phase)
+            print(f"layout: transfers' bytes are {share:.0%} of {policy}'s predicted step", flush=True)
+            if share < BANDWIDTH_BOUND_SHARE:
+                raise SystemExit(f"not bandwidth-bound: {share:.0%} < {BANDWIDTH_BOUND_SHARE:.0%}; lower "
+                                 f"--bandwidth-scale (now {bandwidth_scale})")
     wall_s = time.monotonic() - started
 
     base = results[policies[0]]
@@ -137,8 +164,8 @@ def main() -> None:
 Command: `{command_line()}` on the project's 2-core machine, {wall_s / 60:.0f} min.
 
 8 clients (Oregon, Tokyo, Frankfurt, Seoul, two each) as separate processes on 127.0.0.1, links emulated from the
-DT-FM world-wide scenario with every bandwidth × {args.bandwidth_scale}; tiny model, 2 pipelines × 4 stages, GPipe with
-2 micro-batches, the scheduled plan. Each policy trains on a fresh swarm of the same identities, from the same seed on
+DT-FM world-wide scenario with every bandwidth × {bandwidth_scale}; {model_name} model ({model.total_params / 1e6:.1f} M
+parameters), 2 pipelines × 4 stages, GPipe with {model.micro_batches} micro-batches, the scheduled plan. Each policy trains on a fresh swarm of the same identities, from the same seed on
 {order}. Measured: median over the peers of the step period; predicted:
 the coordinator's live model with the bytes of the chosen codecs; loss: mean of the last stages' losses over the last
 {LOSS_WINDOW} steps (up to step {last_step}). Speed-up and loss change are against `{policies[0]}`, the wire before
