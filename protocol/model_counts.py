@@ -140,15 +140,18 @@ class ModelCounts:
     def params_of(self, layers: int, *, first: bool, last: bool) -> int:
         """Parameters of a stage of `layers` layers, with the embedding if it is the first, the head if the last
         (a stage that is both holds a tied matrix once)."""
-        shared = self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
-        return layers * self.params_per_layer + self.embedding_params * first + self.head_params * last - shared
+        return (layers * self.params_per_layer + self.embedding_params * first + self.head_params * last
+                - self._tied_copy(first, last))
 
     def matrix_params_of(self, layers: int, *, first: bool, last: bool) -> int:
         """The parameters of `params_of` that are matrices (a low-rank all-reduce factors them): the layers' matrix
         products, the embeddings (tokens, and `gpt2`'s positions) and the output projection."""
-        shared = self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
         return (layers * self.matrix_params_per_layer + self.embedding_params * first
-                + self.d_model * self.vocab_size * last - shared)
+                + self.d_model * self.vocab_size * last - self._tied_copy(first, last))
+
+    def _tied_copy(self, first: bool, last: bool) -> int:
+        """The tied matrix counted twice by a stage that is both the first and the last (held once)."""
+        return self.d_model * self.vocab_size * (self.tie_embeddings and first and last)
 
     def flops_per_token_of(self, layers: int, *, first: bool, last: bool) -> float:
         """Forward+backward FLOPs per token of such a stage: 6·params plus attention 12·L·T·d (PaLM, Appendix B)."""

@@ -110,12 +110,11 @@ class WireFormat:
             _check_codec(name, getattr(self, name), CODECS)
         if self.activation_deltas is not None:
             _check_codec("activation_deltas", self.activation_deltas, DELTA_CODECS)
-        density = self.allreduce_density
         for name in ("allreduce_density", "allreduce_low_rank"):
             share = getattr(self, name)
             if share is not None and (type(share) is not float or not 0 < share < 1):
                 raise ValueError(f"{name} must be a float strictly between 0 and 1, got {share!r}")
-        if density is not None and self.allreduce_low_rank is not None:
+        if self.allreduce_density is not None and self.allreduce_low_rank is not None:
             raise ValueError("an all-reduce sends a sample (allreduce_density) or factors (allreduce_low_rank), "
                              "not both")
         if self.hops is not None:
@@ -151,9 +150,7 @@ class WireFormat:
         for name in ("hops", "groups", "allreduce_low_rank"):
             if data[name] is None:
                 del data[name]
-            elif name != "allreduce_low_rank":
-                data[name] = _as_lists(data[name])
-        return data
+        return {name: _as_lists(value) if isinstance(value, tuple) else value for name, value in data.items()}
 
     @property
     def per_link(self) -> bool:
@@ -226,7 +223,9 @@ class WireFormat:
         else:
             whole = f"{self.activations} activations, {self.gradients} activation gradients, {self.allreduce} all-reduce"
         deltas = f", {self.activation_deltas} activation deltas" if self.activation_deltas else ""
-        sparse = f", all-reduce of {self.allreduce_density:.3g} of the gradient per step" if self.allreduce_density else ""
+        sparse = ""
+        if self.allreduce_density:
+            sparse = f", all-reduce of {self.allreduce_density:.3g} of the gradient per step"
         if self.allreduce_low_rank:
             sparse = f", all-reduce of low-rank factors holding {self.allreduce_low_rank:.3g} of each gradient matrix"
         if not self.per_link:

@@ -200,8 +200,8 @@ class StageGroup(Served):
     def __init__(
         self, p2p: P2P, members: Sequence[PeerID], *, namespace: str, round_tag: str, sender_timeout_s: float,
         reducer_timeout_s: float, aggregation: Aggregation = "mean", codec: Codec = "fp32",
-        density: float | None = None, low_rank: float | None = None, part_norm_ratio: float | None = MAX_PART_NORM_RATIO,
-        private_key: RSAPrivateKey | None = None,
+        density: float | None = None, low_rank: float | None = None,
+        part_norm_ratio: float | None = MAX_PART_NORM_RATIO, private_key: RSAPrivateKey | None = None,
     ) -> None:
         """
         Args:

@@ -21,8 +21,8 @@ after column, and 2.5 % with P from Q̂ too (benchmarks/gradient_options.py).
 Replicas stay bit-identical: every member computes P̂ and P̂·Q̄ᵀ from the same decoded averages with the same
 operations (on CPUs of one kind; replica_sync.py resynchronises a replica that rounds otherwise).
 
-Error feedback. A member's residual of a factored matrix is M_i − P̂·Q_iᵀ, plus P̂ times what the codec cut from its
-Q_i on the way to its reducer and, n times over, from the averages of Q it reduced itself (as a sparse round's,
+Error feedback. A member's residual of a factored matrix is M_i − P̂·Q_iᵀ, plus P̂ times what the codec cut from
+its Q_i on the way to its reducer and, n times over, from the averages of Q it reduced itself (as a sparse round's,
 group_allreduce.py). Over the n members their mean is mean(M) − P̂·Q̄ᵀ: exactly what the group did not apply. A
 member's residual is what its own matrix has outside the shared basis; its distance from the group's average (the
 residual torch's PowerSGD hook keeps) would grow step after step, as a random walk of the members' differences, and
@@ -74,7 +74,8 @@ class LowRankStep:
         ranks = [factor_rank(tensor.shape, share) for tensor in self.tensors]
         self.factored = [index for index, rank in enumerate(ranks) if rank]
         self.whole = [index for index, rank in enumerate(ranks) if not rank]
-        self.matrices = {index: self.tensors[index].reshape(self.tensors[index].shape[0], -1) for index in self.factored}
+        self.matrices = {index: tensor.reshape(tensor.shape[0], -1) for index, tensor in enumerate(self.tensors)
+                         if index in self.factored}
         self.q = {}
         for index in self.factored:
             shape = (ranks[index], self.matrices[index].shape[1])  # Qᵀ

@@ -177,7 +177,8 @@ class PaperCostModel:
         pairs = groups[:, :, None], groups[:, None, :]
         payload_gb = (np.full(len(groups), self.payloads.dp_bytes) if dp_bytes is None
                       else np.asarray(dp_bytes, dtype=float)) / BYTES_PER_GB
-        return (rounds * self.dp_latency_s[pairs] + payload_gb[:, None, None] * self.dp_s_per_gb[pairs]).max(axis=(1, 2))
+        latency = rounds * self.dp_latency_s[pairs]
+        return (latency + payload_gb[:, None, None] * self.dp_s_per_gb[pairs]).max(axis=(1, 2))
 
     def link_terms_s(self, group_a: np.ndarray, group_b: np.ndarray) -> tuple[float, float]:
         block = self.pp_edge_s[np.ix_(group_a, group_b)]  # (d_dp, d_dp)
