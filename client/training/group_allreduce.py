@@ -265,9 +265,8 @@ class StageGroup(Served):
         elif self.density is not None:
             averages, errors = await self._sparse_average(copies, step, attempt)
         else:
-            sent_errors = [torch.zeros_like(copy) for copy in copies]
-            averages, _ = await self._round(copies, step, attempt, feedback=self.feedback, sent_errors=sent_errors)
-            errors = sent_errors
+            errors = [torch.zeros_like(copy) for copy in copies]  # the codec's cuts, filled by the round
+            averages, _ = await self._round(copies, step, attempt, feedback=self.feedback, sent_errors=errors)
         if self.feedback is not None:
             for index, error in enumerate(errors):
                 self.feedback.record((step, attempt), ("sent", index), error)
