@@ -6,6 +6,7 @@ Four clients and three steps keep it short; the full-size run is `benchmarks/swa
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -53,15 +54,19 @@ class Descendants:
         return alive
 
 
-def start_demo(workdir: Path, *args: str) -> tuple[subprocess.Popen, Descendants]:
+def start_demo(workdir: Path, *args: str, env: dict[str, str] | None = None
+               ) -> tuple[subprocess.Popen, Descendants]:
     process = subprocess.Popen(hetswarm_command("demo", "--clients", "4", "--workdir", str(workdir), *args),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                               env=dict(os.environ, **(env or {})))
     return process, Descendants(process.pid)
 
 
 @pytest.mark.timeout(300)
 def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
-    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare", "--eval-every", "2")
+    cache_home = tmp_path / "cache"  # nothing measured yet: a fresh machine
+    demo, descendants = start_demo(tmp_path, "--steps", "3", "--no-compare", "--eval-every", "2",
+                                   env={"XDG_CACHE_HOME": str(cache_home)})
     try:
         output, _ = demo.communicate(timeout=270)
     finally:
@@ -80,6 +85,10 @@ def test_demo_trains_prints_its_summary_and_leaves_no_process(tmp_path):
     assert f"Logs: {tmp_path}" in output
     assert f"Plot: {tmp_path / 'demo.png'}" in output  # the loss curve and step times, drawn (plots extra)
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the demo measured this machine's throughput before its clients started, not one of them among the others
+    assert (cache_home / "hetswarm" / "throughput.json").exists()
+    client_logs = list((tmp_path / "run-scheduled").glob("*-[0-9].log"))
+    assert len(client_logs) == 4 and not any("Measuring matmul throughput" in log.read_text() for log in client_logs)
     assert len(descendants.seen) >= 5  # bootstrap, 4 clients, coordinator, their DHT children and daemons
     assert descendants.alive() == []
 
