@@ -1,16 +1,19 @@
 """Where a step's CPU goes under each wire: py-spy samples of every client of the demo's swarm, by phase.
 
 The swarm of benchmarks/compression.py (8 clients, links emulated from the DT-FM world-wide scenario with bandwidths
-scaled, the tiny model on 2 pipelines × 4 stages) trains once per compression policy. After the warm-up, py-spy
-samples each client's process (all its threads, idle ones left out, so a sample is a thread on the CPU; not its DHT
-process) for a window of steps; every sample is put in a phase by the code on its stack (`phase_of`): a codec's work
-is the codec's, the rest goes to the part of the step it is in. A phase's CPU seconds per step per client is its
-samples / the rate / the steps in the window / the clients; the codec phases' sum, against the measured step time,
-is the share the issue bounds at 10 %. Needs py-spy (`pip install py-spy`; it reads the clients' memory, so it runs
-as their user). Writes the "codec-profile" section of benchmarks/RESULTS.md.
+scaled, on 2 pipelines × 4 stages the tiny model, or the small one of its bandwidth-bound layout) trains once per
+compression policy. After the warm-up, py-spy samples each client's process (all its threads, idle ones left out, so
+a sample is a thread on the CPU; not its DHT process) for a window of steps; every sample is put in a phase by the
+code on its stack (`phase_of`): a codec's work is the codec's, the rest goes to the part of the step it is in. A
+phase's CPU seconds per step per client is its samples / the rate / the steps in the window / the clients; the codec
+phases' sum, against the measured step time, is the share the issue bounds at 10 %. Needs py-spy
+(`pip install py-spy`; it reads the clients' memory, so it runs as their user). Writes the "codec-profile" section
+of benchmarks/RESULTS.md, or --section.
 
     python benchmarks/codec_profile.py [--policies model,8bit,auto,aq-sgd,sparse] [--window 60]
                                        [--bandwidth-scale 0.002]
+    python benchmarks/codec_profile.py --layout bandwidth-bound --policies model,8bit,aq-sgd,powersgd --window 90
+                                       --steps 22 --section codec-profile-bandwidth-bound
 """
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from compression import LAYOUTS, measure_throughput_quietly
 from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch, PhaseResult, run_swarm
 
 CODEC_MODULES = (("codec: activation deltas", "client/training/activation_deltas.py:"),
                  ("codec: error feedback", "client/training/error_feedback.py:"),
-                 ("codec: gradient sample", "client/training/gradient_sample.py:"))
+                 ("codec: gradient sample", "client/training/gradient_sample.py:"),
+                 ("codec: low-rank factors", "client/training/low_rank.py:"))
 """Code that exists for a codec: all its work is the codec's."""
 CODEC_CODE = ("protocol/codecs.py:", "hivemind/compression/")
 """The codecs themselves, charged to the transfer that called them."""
@@ -147,14 +152,21 @@ def main() -> None:
     parser.add_argument("--policies", default="model,8bit,auto,aq-sgd,sparse")
     parser.add_argument("--window", type=float, default=60.0, help="seconds profiled per policy")
     parser.add_argument("--warmup", type=int, default=8, help="steps before the window")
-    parser.add_argument("--bandwidth-scale", type=float, default=0.002)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="demo", help="compression.py's layouts")
+    parser.add_argument("--bandwidth-scale", type=float, help="emulated bandwidths × this (default: the layout's)")
+    parser.add_argument("--steps", type=int, help="steps per policy after 2 warm-up ones (default: enough for "
+                                                  "steps of at least a second)")
     parser.add_argument("--data-period", type=int, default=4, help="steps per pass (aq-sgd sends deltas from the "
                                                                     "second pass on)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--section", default="codec-profile", help="RESULTS.md section to write")
     args = parser.parse_args()
     if PY_SPY is None:
         raise SystemExit("codec_profile needs py-spy: pip install py-spy")
     policies = args.policies.split(",")
+    layout = LAYOUTS[args.layout]
+    if layout.tflops is not None:
+        measure_throughput_quietly(Path(tempfile.mkdtemp(prefix="hetswarm-cache-")))
     rows, wall = [], time.monotonic()
     keys: Path | None = None
     for policy in policies:
@@ -162,10 +174,11 @@ def main() -> None:
         if keys is not None:  # the same identities, so that every policy plans the same peers
             shutil.copytree(keys, workdir / "keys")
         sampler = Sampler(args.warmup, args.window, workdir)
-        steps = args.warmup + 2 + int(args.window)  # a step takes over a second on these links: enough to outlast it
+        steps = args.steps or args.warmup + 2 + int(args.window)  # steps of a second or more outlast the window
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=2, compression=policy,
-                            workdir=workdir, bandwidth_scale=args.bandwidth_scale, seed=args.seed,
-                            data_period=args.data_period, step_timeout_s=120.0, start_timeout_s=600.0)
+                            workdir=workdir, bandwidth_scale=args.bandwidth_scale or layout.bandwidth_scale,
+                            model=layout.model, seed=args.seed, data_period=args.data_period, step_timeout_s=600.0,
+                            start_timeout_s=600.0, emulate_tflops=(layout.tflops,) if layout.tflops else ())
         print(f"policy {policy}: {steps} steps, profiled from step {args.warmup} for {args.window:.0f} s; logs: "
               f"{workdir}", flush=True)
         phase = run_swarm(config, on_update=sampler.on_update)[0]
@@ -173,7 +186,8 @@ def main() -> None:
         rows.append(_row(policy, phase, sampler))
         print(rows[-1], flush=True)
     header = ["policy", "wire", "measured (s/step)", *PHASES, OTHER, f"{WAITING} (not CPU)", "codecs / step"]
-    markdown = f"""## Codec CPU per step: py-spy on every client, by phase
+    on = ", the bandwidth-bound layout" if args.layout == "bandwidth-bound" else ""
+    markdown = f"""## Codec CPU per step: py-spy on every client, by phase{on}
 
 Command: `{command_line()}` at {revision()} on the project's 2-core machine, {(time.monotonic() - wall) / 60:.0f} min.
 
@@ -188,7 +202,7 @@ threads blocked in C that py-spy took for running (`WAITS`). The data order repe
 {chr(10).join(rows)}
 """
     print(markdown)
-    write_section("codec-profile", markdown)
+    write_section(args.section, markdown)
 
 
 def _row(policy: str, phase: PhaseResult, sampler: Sampler) -> str:
