@@ -27,11 +27,10 @@ help:
 demo: $(STAMP)
 	$(BIN)/hetswarm demo $(DEMO_ARGS)
 
-# Two passes: everything but the `timing` tests on three xdist workers (each swarm module a group of its own; on 2
-# cores, as the suite mostly waits on processes and links), then the `timing` tests alone, so that no load skews what
-# they measure. A pass that selects no test (exit 5) is no failure.
+# Two passes: everything but the `timing` tests on two xdist workers (each swarm module a group of its own), then the
+# `timing` tests alone, so that no load skews what they measure. A pass that selects no test (exit 5) is no failure.
 test: lint
-	$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not timing" $(PYTEST_ARGS) \
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not timing" $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -p no:xdist -m timing $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

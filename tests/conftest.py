@@ -3,7 +3,7 @@ once per session, whichever xdist worker asks first; one swarm serves the tests 
 
 Under pytest-xdist (`--dist loadgroup`, see the Makefile) every test marked `swarm` runs in its module's group, so
 that a module's swarm fixture is built once, on one worker, and the tests of the observed swarm run in a group of
-their own; the groups go out slowest first, so that the workers finish together.
+their own; the groups go out slowest first, so that the two workers finish together.
 """
 from __future__ import annotations
 
