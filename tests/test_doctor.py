@@ -89,3 +89,13 @@ def test_gpu_cache_check_reads_what_probe_hardware_writes(tmp_path):
     cache.write_text("{not json")
     broken = gpu_cache_check(device, cache)
     assert broken.verdict == "FAIL" and "delete it" in broken.hint  # join would crash on it
+
+
+def test_the_cache_is_where_the_environment_says_when_asked_not_when_imported(tmp_path, monkeypatch):
+    # a child forked from the preimported server sets its environment after hetswarm's modules were imported
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    device = torch.device("cpu")
+    assert gpu_cache_check(device).verdict == "warn"
+    probe_hardware(device)
+    assert (tmp_path / "hetswarm" / "throughput.json").exists()
+    assert gpu_cache_check(device).verdict == "ok"

@@ -37,7 +37,7 @@ from hetswarm.client.cli.options import (
     console,
 )
 from hetswarm.client.peer.addresses import ANY_HOST
-from hetswarm.client.peer.hardware import DEFAULT_CACHE_PATH, compute_dtype, device_name, resolve_device
+from hetswarm.client.peer.hardware import compute_dtype, default_cache_path, device_name, resolve_device
 from hetswarm.client.peer.hivemind_compat import ControlFailure, dial
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.reachability import (
@@ -251,8 +251,10 @@ async def _clock_check(p2p: P2P, peers: dict[str, PeerRecord], *, namespace: str
                  hint="only a clock behind the swarm's can be seen this way")
 
 
-def gpu_cache_check(device: torch.device, cache_path: Path = DEFAULT_CACHE_PATH) -> Check:
-    """Whether `join` will find this device's benchmark cached, or measure it (or fail on a broken cache file)."""
+def gpu_cache_check(device: torch.device, cache_path: Path | None = None) -> Check:
+    """Whether `join` will find this device's benchmark cached (in `cache_path`, by default where it looks), or
+    measure it (or fail on a broken cache file)."""
+    cache_path = cache_path or default_cache_path()
     name, dtype = device_name(device), compute_dtype(device)
     key = f"{name}|{dtype}".replace("torch.", "")  # the key probe_hardware files it under
     if not cache_path.exists():

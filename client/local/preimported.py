@@ -28,7 +28,8 @@ __all__ = ["PRELOAD", "SERVER", "ForkedProcess", "start_forked"]
 
 PRELOAD = ("torch", "hivemind", "numpy", "scipy", "pydantic", "typer", "rich", "aiohttp", "prometheus_client")
 """Third-party modules only: hetswarm reads some of its environment when a module is imported (the console's width,
-the throughput cache's folder, a test-only fault), and each child must read its own."""
+a test-only fault), and each child must read its own. A child imports this package, and what it imports, before it
+sets its environment (`_run`): those modules read theirs when called (hardware.default_cache_path)."""
 prepare_process_environment()  # the server inherits it when it starts, before its preload imports hivemind
 SERVER = multiprocessing.get_context("forkserver")
 """Starts on its first child. One per process: the test helpers fork their training processes from it too."""

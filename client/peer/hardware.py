@@ -21,7 +21,11 @@ from hetswarm.protocol.units import BYTES_PER_GIB
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CACHE_PATH = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hetswarm" / "throughput.json"
+
+def default_cache_path() -> Path:
+    """Where measured throughputs are cached, read from the environment when asked, not when this module is
+    imported: a process forked with this module loaded (client/local/preimported.py) then sets its own."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hetswarm" / "throughput.json"
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -71,12 +75,14 @@ def measure_tflops(device: torch.device, dtype: torch.dtype, *, size: int | None
     return 2 * size**3 * repeats / elapsed / 1e12
 
 
-def probe_hardware(device: torch.device, *, throughput: str = "auto", cache_path: Path = DEFAULT_CACHE_PATH) -> Hardware:
-    """This peer's Hardware record; `throughput` is "auto" (cached when known) or "eval" (measure again)."""
+def probe_hardware(device: torch.device, *, throughput: str = "auto", cache_path: Path | None = None) -> Hardware:
+    """This peer's Hardware record; `throughput` is "auto" (cached when known) or "eval" (measure again);
+    `cache_path` is `default_cache_path()` unless given."""
     if throughput not in ("auto", "eval"):
         raise HetswarmError(f"--throughput must be auto or eval, got {throughput!r}")
     name, dtype = device_name(device), compute_dtype(device)
     cache_key = f"{name}|{dtype}".replace("torch.", "")
+    cache_path = cache_path or default_cache_path()
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     with open(cache_path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # peers started together on one machine measure one at a time
