@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from compression import LAYOUTS, measure_throughput_quietly
+from compression import LAYOUTS, use_a_fresh_throughput_cache
 from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch, PhaseResult, run_swarm
@@ -166,7 +166,7 @@ def main() -> None:
     policies = args.policies.split(",")
     layout = LAYOUTS[args.layout]
     if layout.tflops is not None:
-        measure_throughput_quietly(Path(tempfile.mkdtemp(prefix="hetswarm-cache-")))
+        use_a_fresh_throughput_cache()
     rows, wall = [], time.monotonic()
     keys: Path | None = None
     for policy in policies:
@@ -178,7 +178,7 @@ def main() -> None:
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=2, compression=policy,
                             workdir=workdir, bandwidth_scale=args.bandwidth_scale or layout.bandwidth_scale,
                             model=layout.model, seed=args.seed, data_period=args.data_period, step_timeout_s=600.0,
-                            start_timeout_s=600.0, emulate_tflops=(layout.tflops,) if layout.tflops else ())
+                            start_timeout_s=600.0, emulate_tflops=layout.emulate_tflops)
         print(f"policy {policy}: {steps} steps, profiled from step {args.warmup} for {args.window:.0f} s; logs: "
               f"{workdir}", flush=True)
         phase = run_swarm(config, on_update=sampler.on_update)[0]

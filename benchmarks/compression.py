@@ -39,7 +39,6 @@ import numpy as np
 from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
-from hetswarm.client.peer.hardware import probe_hardware, resolve_device
 from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
 from hetswarm.coordinator.scheduling.plan import cost_plan
 from hetswarm.protocol.model_config import get_model_config
@@ -63,18 +62,22 @@ class Layout:
     what each of the 8 reaches on this machine's 2 cores, so that the live model prices the compute they do; None:
     as fast as they can, priced by the machine's cached throughput."""
 
+    @property
+    def emulate_tflops(self) -> tuple[float, ...]:
+        """DemoConfig.emulate_tflops for this layout."""
+        return (self.tflops,) if self.tflops else ()
+
 
 LAYOUTS = {"demo": Layout("tiny", 0.005), "bandwidth-bound": Layout("small", 0.01, tflops=0.04)}
 BANDWIDTH_BOUND_SHARE = 0.6
 """The least share of the first policy's predicted step its transfers' bytes take in the bandwidth-bound layout."""
 
 
-def measure_throughput_quietly(cache_home: Path) -> None:
-    """Measures this machine's throughput now, before any client runs, into the cache the clients will read (their
-    XDG_CACHE_HOME). Left to the first of 8 clients started together, it is measured among the others' start-up:
-    0.019 TFLOPS against 0.38 on the quiet 2-core machine, below the speed a layout pins, which must be slower."""
-    probe_hardware(resolve_device(None), throughput="eval", cache_path=cache_home / "hetswarm" / "throughput.json")
-    os.environ["XDG_CACHE_HOME"] = str(cache_home)
+def use_a_fresh_throughput_cache() -> None:
+    """Points this process and the clients it starts at an empty throughput cache (XDG_CACHE_HOME), so that run_swarm
+    measures this machine before any client runs, whatever an earlier, loaded measurement left in the user's cache
+    (0.019 TFLOPS against 0.40 quiet on the 2-core machine): a layout's pinned speed must be below the measured one."""
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hetswarm-cache-")
 
 
 def _final_loss(phase: PhaseResult) -> float:
@@ -148,7 +151,7 @@ def main() -> None:
     bandwidth_scale = args.bandwidth_scale or layout.bandwidth_scale
     model_name, model = layout.model, get_model_config(layout.model)
     if layout.tflops is not None:
-        measure_throughput_quietly(Path(tempfile.mkdtemp(prefix="hetswarm-cache-")))
+        use_a_fresh_throughput_cache()
 
     results: dict[str, PhaseResult] = {}
     workdirs: dict[str, Path] = {}
@@ -161,7 +164,7 @@ def main() -> None:
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
                             workdir=workdir, data_period=period, bandwidth_scale=bandwidth_scale, model=model_name,
                             seed=args.seed, step_timeout_s=600.0, start_timeout_s=600.0,
-                            emulate_tflops=(layout.tflops,) if layout.tflops else ())
+                            emulate_tflops=layout.emulate_tflops)
         print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
         results[policy] = run_swarm(config)[0]
         phase = results[policy]
