@@ -39,7 +39,13 @@ from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import short_ids
 from hetswarm.protocol.model_config import ModelConfig
 from hetswarm.protocol.units import BYTES_PER_GIB
-from hetswarm.protocol.wire_format import COMPRESSION_POLICIES, CompressionPolicy, WireFormat, candidate_wires
+from hetswarm.protocol.wire_format import (
+    COMPRESSION_POLICIES,
+    DELTA_POLICIES,
+    CompressionPolicy,
+    WireFormat,
+    candidate_wires,
+)
 
 __all__ = ["PLACEMENTS", "Placement", "PlannerConfig", "Proposal", "deployed", "propose", "reprice"]
 
@@ -97,9 +103,9 @@ class PlannerConfig:
             raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.compression not in COMPRESSION_POLICIES:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSION_POLICIES)}, got {self.compression!r}")
-        if self.compression == "aq-sgd" and (self.model.data_period or 0) < 2:
-            raise ConfigError("compression aq-sgd sends activation deltas of samples that recur: give the model a "
-                              f"data_period of at least 2 steps (--data-period), got {self.model.data_period}")
+        if self.compression in DELTA_POLICIES and (self.model.data_period or 0) < 2:
+            raise ConfigError(f"compression {self.compression} sends activation deltas of samples that recur: give the "
+                              f"model a data_period of at least 2 steps (--data-period), got {self.model.data_period}")
         if (self.min_peers < 1 or self.min_trusted < 1 or self.payback_steps < 0 or self.debounce_s < 0
                 or self.measure_wait_s < 0 or self.reconsider_s <= 0 or not 0 <= self.improvement < 1):
             raise ConfigError(f"bad replanning settings: min_peers={self.min_peers}, min_trusted={self.min_trusted}, "

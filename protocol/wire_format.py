@@ -7,12 +7,15 @@ stages, their gradients backward, and each stage group's gradient all-reduce. Ea
  * ``fp16`` - cast to half precision: a relative error of at most 2^-11 within fp16's range;
  * ``8bit`` - blockwise absmax quantization: each block of 256 values as its largest magnitude m and one int8 per
    value, an error of at most m/254 (protocol/codecs.py); 1.016 bytes per value;
- * ``4bit``, ``2bit`` - the same with 7 and 1 levels each side of zero, for activation deltas only.
+ * ``4bit``, ``2bit`` - the same with 7 and 1 levels each side of zero: ``4bit`` for activation deltas and
+   activation gradients, ``2bit`` for activation deltas only.
 
 Activation deltas (AQ-SGD: Wang et al. 2022, "Fine-tuning Language Models over Slow Networks using Activation
 Compression with Guarantees") send, for a sample the link has carried before, only the change of its activation
 since then, in 4 or 2 bits: both ends keep the last activation of each sample (client/training/activation_deltas.py).
 It needs samples that recur, which ``ModelConfig.data_period`` gives; the first pass over them is sent whole.
+Activation gradients do not recur, so they go whole, in as few as 4 bits (AQ-SGD's lightest backward, "bw4"): the
+`aq-powersgd` policy sends them so.
 
 A sparse all-reduce (``allreduce_density``) averages, each step, only a random sample of the gradient's blocks of
 SAMPLE_BLOCK_VALUES values, the same on every member and drawn from the step alone, so no indices travel; the
@@ -43,15 +46,17 @@ from typing import Any, Literal
 
 from hetswarm.protocol.model_config import ModelConfig
 
-__all__ = ["BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES", "DELTA_CODECS", "Codec",
-           "CompressionPolicy", "LOW_RANK_SHARE", "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat",
-           "candidate_wires"]
+__all__ = ["ACTIVATION_GRADIENT_CODECS", "BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES",
+           "COMBINED_LOW_RANK_SHARE", "DELTA_CODECS", "DELTA_POLICIES", "Codec", "CompressionPolicy", "LOW_RANK_SHARE",
+           "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat", "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit", "4bit", "2bit"]
 CODECS: tuple[Codec, ...] = ("fp32", "fp16", "8bit")
 """The codecs a whole tensor is sent in, from the least to the most lossy."""
 DELTA_CODECS: tuple[Codec, ...] = ("4bit", "2bit")
 """The codecs of activation deltas (a change is small, so fewer levels lose little; AQ-SGD sends 2 to 4 bits)."""
+ACTIVATION_GRADIENT_CODECS: tuple[Codec, ...] = (*CODECS, "4bit")
+"""The codecs of activation gradients sent backward: AQ-SGD sends them in 4 to 8 bits, twice its forward deltas'."""
 
 BLOCK_VALUES = 256
 """Values per block of the 8-bit codec, each block sent with its float32 scale."""
@@ -67,16 +72,24 @@ once in 16 steps; with 8-bit values, 63 times fewer bytes than fp32."""
 LOW_RANK_SHARE = 1 / 4
 """The share of a gradient matrix's values the `powersgd` policy's factors hold: with 8-bit values, about 15 times
 fewer bytes than fp32 (the norms' and biases' vectors travel whole)."""
+COMBINED_LOW_RANK_SHARE = 1 / 2
+"""The share the `aq-powersgd` policy's factors hold: twice `powersgd`'s, because its 4-bit activations and their
+gradients already cost some loss (benchmarks/gradient_options.py: 1/2 ends 0.6 % above the full gradient, 1/4 2.5 %),
+and on a layout where bytes dominate the all-reduce is the smaller part of them."""
 
-CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse", "powersgd"]
+CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse", "powersgd", "aq-powersgd"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse",
-                                                       "powersgd")
+                                                       "powersgd", "aq-powersgd")
 """`model`: the model config's byte widths (2 → fp16 activations, 4 → fp32 gradients); `none`: fp32 everywhere;
 `fp16`, `8bit`: that codec everywhere; `auto`: per link, the least lossy codecs that keep the predicted step time
 within AUTO_TOLERANCE of the fastest (coordinator/scheduling/wire_choice.py); `aq-sgd`: 8-bit everywhere and 4-bit
 activation deltas (the model config needs a data_period); `sparse`: 8-bit everywhere and an all-reduce of a random
 SPARSE_DENSITY of the gradient per step; `powersgd`: 8-bit everywhere and an all-reduce of low-rank factors holding
-LOW_RANK_SHARE of each gradient matrix."""
+LOW_RANK_SHARE of each gradient matrix; `aq-powersgd`: both at once, for links where bytes are most of the step -
+8-bit activations and 4-bit activation deltas, 4-bit activation gradients, and an 8-bit all-reduce of low-rank
+factors holding COMBINED_LOW_RANK_SHARE of each matrix."""
+DELTA_POLICIES: tuple[CompressionPolicy, ...] = ("aq-sgd", "aq-powersgd")
+"""The policies that send activation deltas, and so need a data order that repeats."""
 
 AUTO_TOLERANCE = 0.05
 
@@ -106,8 +119,9 @@ class WireFormat:
     """Per stage group: groups[s] is the codec of stage s's all-reduce; None: `allreduce` in every group."""
 
     def __post_init__(self) -> None:
-        for name in ("activations", "gradients", "allreduce"):
+        for name in ("activations", "allreduce"):
             _check_codec(name, getattr(self, name), CODECS)
+        _check_codec("gradients", self.gradients, ACTIVATION_GRADIENT_CODECS)
         if self.activation_deltas is not None:
             _check_codec("activation_deltas", self.activation_deltas, DELTA_CODECS)
         for name in ("allreduce_density", "allreduce_low_rank"):
@@ -249,16 +263,22 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)]
     if policy == "powersgd":
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)]
+    if policy == "aq-powersgd":
+        return [WireFormat(activations="8bit", gradients="4bit", allreduce="8bit", activation_deltas="4bit",
+                           allreduce_low_rank=COMBINED_LOW_RANK_SHARE)]
     return [WireFormat.uniform(policy)]
+
+
+_NARROW_USE = {"4bit": "activation deltas and activation gradients", "2bit": "activation deltas"}
+_TRAVELLERS = {CODECS: "whole tensors", ACTIVATION_GRADIENT_CODECS: "activation gradients",
+               DELTA_CODECS: "activation deltas"}
 
 
 def _check_codec(name: str, codec: object, allowed: tuple[Codec, ...]) -> None:
     if codec in allowed:
         return
-    if allowed == DELTA_CODECS:
-        raise ValueError(f"{name}: activation deltas travel as {' or '.join(DELTA_CODECS)}, not {codec!r}")
-    deltas_only = f"{codec} is for activation deltas only; " if codec in DELTA_CODECS else f"{codec!r}: "
-    raise ValueError(f"{name}: {deltas_only}whole tensors travel as {', '.join(CODECS)}")
+    narrow = f"{codec} is for {_NARROW_USE[codec]} only; " if codec in _NARROW_USE else f"{codec!r}: "
+    raise ValueError(f"{name}: {narrow}{_TRAVELLERS[allowed]} travel as {', '.join(allowed)}")
 
 
 def _check_codecs(name: str, codecs: object) -> None:

@@ -15,7 +15,7 @@ from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
 from hetswarm.protocol.model_config import get_model_config
-from hetswarm.protocol.wire_format import BYTES_PER_VALUE, WireFormat, candidate_wires
+from hetswarm.protocol.wire_format import BYTES_PER_VALUE, COMBINED_LOW_RANK_SHARE, WireFormat, candidate_wires
 
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
 SHAPE = (2, 16, 32)
@@ -133,13 +133,36 @@ def test_the_plan_says_deltas_and_prices_them():
     assert candidate_wires("aq-sgd", model) == [AQ_SGD]
     assert AQ_SGD.pipeline_bytes_per_value == (BYTES_PER_VALUE["4bit"] + BYTES_PER_VALUE["8bit"]) / 2
     assert "4bit activation deltas" in AQ_SGD.describe()
-    with pytest.raises(ValueError, match="for activation deltas only"):
+    with pytest.raises(ValueError, match="activations: 4bit is for activation deltas and activation gradients only"):
         WireFormat.uniform("4bit")
     with pytest.raises(ValueError, match="activation deltas travel as"):
         WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="fp16")
     PlannerConfig(model=model, compression="aq-sgd")
     with pytest.raises(ConfigError, match="data_period of at least 2"):
         PlannerConfig(model=get_model_config("tiny"), compression="aq-sgd")
+
+
+def test_aq_powersgd_sends_deltas_4bit_activation_gradients_and_factors_and_prices_them_all():
+    """The combined policy: its wire survives the record's JSON, its hops price 4 bits each way from the second pass
+    on, its all-reduce the factors of COMBINED_LOW_RANK_SHARE in two rounds, and it needs a repeating data order."""
+    model = get_model_config("small", data_period=10)
+    wire, = candidate_wires("aq-powersgd", model)
+    assert (wire.activations, wire.gradients, wire.activation_deltas) == ("8bit", "4bit", "4bit")
+    assert wire.allreduce_low_rank == COMBINED_LOW_RANK_SHARE and wire.allreduce_rounds == 2
+    assert WireFormat.from_dict(wire.to_dict()) == wire
+    assert wire.pipeline_bytes_per_value == BYTES_PER_VALUE["4bit"]
+    powersgd, = candidate_wires("powersgd", model)
+    layers = model.n_layers // 2
+    assert (powersgd.allreduce_payload_bytes(model, layers, first=True, last=False)
+            < wire.allreduce_payload_bytes(model, layers, first=True, last=False)
+            < WireFormat.uniform("8bit").allreduce_payload_bytes(model, layers, first=True, last=False))
+    assert "4bit activation gradients" in wire.describe() and "4bit activation deltas" in wire.describe()
+    with pytest.raises(ValueError, match="gradients: 2bit is for activation deltas only; activation gradients"):
+        WireFormat(activations="8bit", gradients="2bit", allreduce="8bit")
+    with pytest.raises(ValueError, match="allreduce: 4bit is for activation deltas and activation gradients only"):
+        WireFormat(activations="8bit", gradients="4bit", allreduce="4bit")
+    with pytest.raises(ConfigError, match="compression aq-powersgd sends activation deltas"):
+        PlannerConfig(model=get_model_config("small"), compression="aq-powersgd")
 
 
 def test_a_plan_whose_copies_do_not_fit_is_refused_with_what_they_need():

@@ -9,7 +9,8 @@ must never have had to resync. Compressed training stays near the fp32 reference
 
 With activation deltas (AQ-SGD) and a data order that repeats every 2 steps, the first pass is sent whole and the
 next two as 4-bit deltas; a send that fails after delivery at step 2 (a delta) makes the plan retry the step, and the
-retry must start from the same activation copies, so that the run again equals its fault-free twin.
+retry must start from the same activation copies, so that the run again equals its fault-free twin. The wire is
+`aq-powersgd`'s, the lightest: the deltas with 4-bit activation gradients and a low-rank all-reduce on top.
 
 With a codec per hop and per stage group (`auto`'s per-link wire), the replicas stay identical.
 
@@ -25,7 +26,7 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.protocol.wire_format import LOW_RANK_SHARE, SPARSE_DENSITY, WireFormat
+from hetswarm.protocol.wire_format import COMBINED_LOW_RANK_SHARE, LOW_RANK_SHARE, SPARSE_DENSITY, WireFormat
 from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import states
 from tests.helpers.tiny_training import D_DP, D_PP, TINY
@@ -34,7 +35,9 @@ from tests.helpers.training_process import Fault
 pytestmark = pytest.mark.swarm
 
 EIGHT_BIT = WireFormat.uniform("8bit")
-AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
+AQ_POWERSGD = WireFormat(activations="8bit", gradients="4bit", allreduce="8bit", activation_deltas="4bit",
+                         allreduce_low_rank=COMBINED_LOW_RANK_SHARE)
+"""The `aq-powersgd` policy's wire: aq-sgd's deltas, with 4-bit activation gradients and a low-rank all-reduce."""
 SPARSE = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)
 LOW_RANK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)
 PER_LINK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", hops=(("fp32", "8bit"),),
@@ -94,8 +97,8 @@ def test_8bit_replicas_stay_identical_and_a_retried_step_equals_the_fault_free_r
 @pytest.mark.timeout(300)
 def test_activation_deltas_after_the_first_pass_and_a_retried_delta_step_equals_the_fault_free_run(
         tmp_path, identities):
-    fault_free = _run(tmp_path / "fault-free", identities, Fault.NONE, AQ_SGD, data_period=PERIOD)
-    faulty = _run(tmp_path / "faulty", identities, Fault.SEND_FAILS_AFTER_DELIVERY, AQ_SGD, data_period=PERIOD)
+    fault_free = _run(tmp_path / "fault-free", identities, Fault.NONE, AQ_POWERSGD, data_period=PERIOD)
+    faulty = _run(tmp_path / "faulty", identities, Fault.SEND_FAILS_AFTER_DELIVERY, AQ_POWERSGD, data_period=PERIOD)
     micro_batches = TINY.micro_batches
     for results in (fault_free, faulty):
         _assert_replicas_identical(results)

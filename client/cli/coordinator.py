@@ -83,11 +83,13 @@ def coordinator(
                                                   "the fastest), aq-sgd (8bit, and 4-bit "
                                                   "activation deltas from the second pass on; needs "
                                                   "--data-period), sparse (8bit, and each step's all-reduce "
-                                                  "of a random 1/16 of the gradient), or powersgd (8bit, and "
+                                                  "of a random 1/16 of the gradient), powersgd (8bit, and "
                                                   "each gradient matrix all-reduced as low-rank factors holding "
-                                                  "1/4 of its values).")] = "model",
+                                                  "1/4 of its values), or aq-powersgd (both: 4-bit activation deltas "
+                                                  "and activation gradients, factors holding 1/2; needs "
+                                                  "--data-period).")] = "model",
     data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
-                                                            "aq-sgd needs it.")] = None,
+                                                            "aq-sgd and aq-powersgd need it.")] = None,
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "

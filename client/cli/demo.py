@@ -31,10 +31,10 @@ def demo(
                                                "(random, or scheduled when --plan is not).")] = True,
     model: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
     compression: Annotated[str, typer.Option(help="The coordinator's policy for the wire: model, none, fp16, 8bit, "
-                                                  "auto, aq-sgd, sparse or powersgd (default: the winner of "
+                                                  "auto, aq-sgd, sparse, powersgd or aq-powersgd (default: the winner of "
                                                   "benchmarks/compression.py).")] = DEMO_COMPRESSION,
     data_period: Annotated[Optional[int], typer.Option(help="Steps per pass over a repeating data order "
-                                                            "(aq-sgd needs one).")] = None,
+                                                            "(aq-sgd and aq-powersgd need one).")] = None,
     bandwidth_scale: Annotated[float, typer.Option(help="Emulated bandwidths × this, so the traffic matters.")] = 0.005,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data and the plans.")] = 0,
     eval_every: Annotated[int, typer.Option(help="Steps between held-out losses (0: none).")] = 5,
