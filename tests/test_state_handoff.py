@@ -1,6 +1,7 @@
 """State hand-off over real p2p daemons on 127.0.0.1 (client/training/state_handoff.py): units come from several
 holders at once, the digest most holders report wins, or the one a recorded checkpoint root proves, what nobody
-holds is named, and a holder that sends the wrong bytes is named as the cause, not reported unreachable."""
+holds is named, a holder that sends the wrong bytes is named as the cause, not reported unreachable, and one that
+sends nothing says why."""
 from __future__ import annotations
 
 import asyncio
@@ -269,3 +270,33 @@ def test_a_holder_that_sends_the_wrong_bytes_is_the_cause_not_reported_unreachab
 
     error, liar = asyncio.run(scenario())
     assert (error.cause, error.peers) == (liar, ())
+
+
+def test_a_holder_that_no_longer_holds_what_it_offered_sends_nothing_and_both_ends_say_so(monkeypatch, caplog):
+    """Between the offer and the download the holder's copy changed (another state of the step took its place): it
+    sends nothing and logs both digests, and the asker names the holder with the bytes it got, not a bad digest."""
+    store = StateStore()
+    serve_unit = StateServer.rpc_state_unit
+
+    async def replaced(self, request: runtime_pb2.ExpertRequest, context: P2PContext
+                       ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        self._encoded.clear()
+        store.remember(second_stage_state(7, seed=1))
+        async for answer in serve_unit(self, request, context):
+            yield answer
+
+    monkeypatch.setattr(StateServer, "rpc_state_unit", replaced)
+
+    async def scenario():
+        async with connected_p2ps(2) as (asker, holder):
+            store.remember(second_stage_state(7))
+            await StateServer(holder, store, namespace=NAMESPACE).attach()
+            with pytest.raises(StateUnavailable, match="every holder of blocks.2 for step 7 failed"):
+                await fetch_state(asker, [holder.peer_id], step=7, units=["blocks.2"], model=TINY,
+                                  namespace=NAMESPACE, timeout_s=10)
+            return holder.peer_id
+
+    with caplog.at_level("INFO", logger="hetswarm"):
+        holder = asyncio.run(scenario())
+    assert f"blocks.2 of step 7 from {holder}: sent 0 of the" in caplog.text
+    assert "we hold digest" in caplog.text and "so we send nothing" in caplog.text

@@ -36,7 +36,7 @@ from hetswarm.protocol.record_store import SwarmRecords
 from hetswarm.protocol.records import Assignment
 from tests.helpers.dht_nodes import start_node
 from tests.helpers.golden_runs import CHECKPOINT_EVERY as EVERY
-from tests.helpers.golden_runs import SWARM_RUN, final_state, losses
+from tests.helpers.golden_runs import SWARM_RUN, final_state, golden_results_beside, losses
 from tests.helpers.swarm_logs import JOINED, golden_plan_args, logged_losses, model_file
 from tests.helpers.tiny_training import D_DP, SEED, TINY
 from tests.helpers.waiting import wait_until
@@ -106,18 +106,21 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory, golden_swarm) -> dict:
+def story(tmp_path_factory, shared_tmp) -> dict:
+    """The story, with the fault-free run it is compared with trained beside it: the story mostly waits for its
+    swarm, and the golden run (tests/helpers/golden_runs.py) is not needed before the end."""
     tmp = tmp_path_factory.mktemp("state")
     found: dict = {}
-    with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
-        scenario = Scenario(swarm, tmp)
-        try:
-            _play(scenario, swarm, tmp, found)
-        finally:
-            if scenario.observer is not None:
-                scenario.observer.shutdown()
-    found["baseline"] = {"final": final_state(golden_swarm, found["last_step"]),
-                         "losses": losses(golden_swarm, found["last_step"])}
+    with golden_results_beside(SWARM_RUN, shared_tmp) as golden_swarm:
+        with LocalSwarm(SWARM, workdir=tmp, preimported=True) as swarm:
+            scenario = Scenario(swarm, tmp)
+            try:
+                _play(scenario, swarm, tmp, found)
+            finally:
+                if scenario.observer is not None:
+                    scenario.observer.shutdown()
+        golden = golden_swarm()
+    found["baseline"] = {"final": final_state(golden, found["last_step"]), "losses": losses(golden, found["last_step"])}
     return found
 
 

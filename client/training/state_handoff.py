@@ -329,7 +329,7 @@ async def _download(p2p: P2P, peer: PeerID, *, step: int, unit: str, digest: str
                     if len(received) > size:
                         raise _DownloadFailed(f"more than the {size} bytes it announced")
                 if len(received) == before:  # refused, or nothing more: the caller tries the next holder
-                    break
+                    raise _DownloadFailed(f"sent {len(received)} of the {size} bytes it announced, then no more")
                 if len(received) < size:
                     logger.debug(f"{peer} sent {len(received)} of the {size} bytes of {unit}; asking for the rest")
     except _DownloadFailed:

@@ -149,6 +149,9 @@ class StateServer(Served, ServicerBase):
             async with self._uploads:
                 held = (await self._encodings(step, [unit])).get(unit)
                 if held is None or held[1] != digest:
+                    ours = "none" if held is None else f"digest {held[1][:12]}"
+                    logger.info(f"{context.remote_id} asked for {unit} of step {step} with digest {digest[:12]}; "
+                                f"we hold {ours}, so we send nothing")
                     return
                 for part in byte_parts(held[0][asked.offset:]):
                     yield runtime_pb2.ExpertResponse(metadata=part)

@@ -12,12 +12,18 @@ pattern of pytest-xdist's "Making session-scoped fixtures execute only once").
 """
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import torch
 from filelock import FileLock
 
+from hetswarm.client.peer.node import end_processes
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.model_config import ModelConfig
 from tests.helpers.tiny_training import D_DP, D_PP, SEED, TINY, train_swarm
@@ -82,6 +88,28 @@ def golden_results(run: GoldenRun, shared: Path) -> list[dict]:
     return torch.load(saved)
 
 
+@contextlib.contextmanager
+def golden_results_beside(run: GoldenRun, shared: Path, timeout_s: float = 600) -> Iterator[Callable[[], list[dict]]]:
+    """Starts `golden_results` in a process of its own, so that a scenario can play while the run it is compared
+    with trains (the scenario mostly waits for its swarm); yields the function that waits for it and returns it. Its
+    own process, not a thread: the run reaps its children when it ends (train_swarm), and would reap the
+    scenario's too."""
+    with open(shared / f"golden-{run.name}-beside.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "tests.helpers.golden_runs", run.name, str(shared)],
+                                   cwd=Path(__file__).parents[2], stdout=log, stderr=subprocess.STDOUT)
+
+    def result() -> list[dict]:
+        assert process.wait(timeout=timeout_s) == 0, f"training the golden run failed: see {log.name}"
+        return golden_results(run, shared)
+    try:
+        yield result
+    finally:
+        if process.poll() is None:
+            trainer = psutil.Process(process.pid)
+            end_processes([trainer, *trainer.children(recursive=True)])
+            process.wait()
+
+
 def final_state(results: list[dict], steps: int) -> dict[str, torch.Tensor]:
     """The whole model after `steps` steps: each stage's parameters from its first replica."""
     return {name: tensor for result in results if result["replica"] == 0
@@ -104,3 +132,7 @@ def losses(results: list[dict], steps: int) -> dict[int, list[float]]:
     last = [result for result in results if result["stage"] == D_PP - 1]
     assert all(len(result["reports"]) >= steps for result in last), f"the golden run has fewer than {steps} steps"
     return {step: [result["reports"][step]["loss"] for result in last] for step in range(steps)}
+
+
+if __name__ == "__main__":  # golden_results_beside: python -m tests.helpers.golden_runs NAME SHARED_FOLDER
+    golden_results({run.name: run for run in (TINY_RUN, SWARM_RUN)}[sys.argv[1]], Path(sys.argv[2]))
