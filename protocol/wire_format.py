@@ -47,7 +47,7 @@ from typing import Any, Literal
 from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["ACTIVATION_GRADIENT_CODECS", "BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES",
-           "COMBINED_LOW_RANK_SHARE", "DELTA_CODECS", "DELTA_POLICIES", "Codec", "CompressionPolicy", "LOW_RANK_SHARE",
+           "DELTA_CODECS", "DELTA_POLICIES", "Codec", "CompressionPolicy", "LOW_RANK_SHARE",
            "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat", "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit", "4bit", "2bit"]
@@ -70,12 +70,8 @@ SPARSE_DENSITY = 1 / 16
 """The share of the gradient the `sparse` policy's all-reduce sends each step: every value is sent, on average,
 once in 16 steps; with 8-bit values, 63 times fewer bytes than fp32."""
 LOW_RANK_SHARE = 1 / 4
-"""The share of a gradient matrix's values the `powersgd` policy's factors hold: with 8-bit values, about 15 times
-fewer bytes than fp32 (the norms' and biases' vectors travel whole)."""
-COMBINED_LOW_RANK_SHARE = 1 / 2
-"""The share the `aq-powersgd` policy's factors hold: twice `powersgd`'s, because its 4-bit activations and their
-gradients already cost some loss (benchmarks/gradient_options.py: 1/2 ends 0.6 % above the full gradient, 1/4 2.5 %),
-and on a layout where bytes dominate the all-reduce is the smaller part of them."""
+"""The share of a gradient matrix's values the `powersgd` and `aq-powersgd` policies' factors hold: with 8-bit
+values, about 15 times fewer bytes than fp32 (the norms' and biases' vectors travel whole)."""
 
 CompressionPolicy = Literal["model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse", "powersgd", "aq-powersgd"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("model", "none", "fp16", "8bit", "auto", "aq-sgd", "sparse",
@@ -87,7 +83,8 @@ activation deltas (the model config needs a data_period); `sparse`: 8-bit everyw
 SPARSE_DENSITY of the gradient per step; `powersgd`: 8-bit everywhere and an all-reduce of low-rank factors holding
 LOW_RANK_SHARE of each gradient matrix; `aq-powersgd`: both at once, for links where bytes are most of the step -
 8-bit activations and 4-bit activation deltas, 4-bit activation gradients, and an 8-bit all-reduce of low-rank
-factors holding COMBINED_LOW_RANK_SHARE of each matrix."""
+factors holding LOW_RANK_SHARE of each matrix (1/2 measured slower: its factors' CPU; benchmarks/RESULTS.md,
+`compression-aq-powersgd`)."""
 DELTA_POLICIES: tuple[CompressionPolicy, ...] = ("aq-sgd", "aq-powersgd")
 """The policies that send activation deltas, and so need a data order that repeats."""
 
@@ -265,7 +262,7 @@ def candidate_wires(policy: CompressionPolicy, model: ModelConfig) -> list[WireF
         return [WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)]
     if policy == "aq-powersgd":
         return [WireFormat(activations="8bit", gradients="4bit", allreduce="8bit", activation_deltas="4bit",
-                           allreduce_low_rank=COMBINED_LOW_RANK_SHARE)]
+                           allreduce_low_rank=LOW_RANK_SHARE)]
     return [WireFormat.uniform(policy)]
 
 

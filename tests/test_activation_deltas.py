@@ -15,7 +15,7 @@ from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, decode_frame, encode_frame
 from hetswarm.protocol.model_config import get_model_config
-from hetswarm.protocol.wire_format import BYTES_PER_VALUE, COMBINED_LOW_RANK_SHARE, WireFormat, candidate_wires
+from hetswarm.protocol.wire_format import BYTES_PER_VALUE, LOW_RANK_SHARE, WireFormat, candidate_wires
 
 AQ_SGD = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", activation_deltas="4bit")
 SHAPE = (2, 16, 32)
@@ -144,18 +144,18 @@ def test_the_plan_says_deltas_and_prices_them():
 
 def test_aq_powersgd_sends_deltas_4bit_activation_gradients_and_factors_and_prices_them_all():
     """The combined policy: its wire survives the record's JSON, its hops price 4 bits each way from the second pass
-    on, its all-reduce the factors of COMBINED_LOW_RANK_SHARE in two rounds, and it needs a repeating data order."""
+    on, its all-reduce `powersgd`'s factors in two rounds, and it needs a repeating data order."""
     model = get_model_config("small", data_period=10)
     wire, = candidate_wires("aq-powersgd", model)
     assert (wire.activations, wire.gradients, wire.activation_deltas) == ("8bit", "4bit", "4bit")
-    assert wire.allreduce_low_rank == COMBINED_LOW_RANK_SHARE and wire.allreduce_rounds == 2
+    assert wire.allreduce_low_rank == LOW_RANK_SHARE and wire.allreduce_rounds == 2
     assert WireFormat.from_dict(wire.to_dict()) == wire
     assert wire.pipeline_bytes_per_value == BYTES_PER_VALUE["4bit"]
     powersgd, = candidate_wires("powersgd", model)
     layers = model.n_layers // 2
     assert (powersgd.allreduce_payload_bytes(model, layers, first=True, last=False)
-            < wire.allreduce_payload_bytes(model, layers, first=True, last=False)
-            < WireFormat.uniform("8bit").allreduce_payload_bytes(model, layers, first=True, last=False))
+            == wire.allreduce_payload_bytes(model, layers, first=True, last=False)
+            < WireFormat.uniform("8bit").allreduce_payload_bytes(model, layers, first=True, last=False) / 3)
     assert "4bit activation gradients" in wire.describe() and "4bit activation deltas" in wire.describe()
     with pytest.raises(ValueError, match="gradients: 2bit is for activation deltas only; activation gradients"):
         WireFormat(activations="8bit", gradients="2bit", allreduce="8bit")

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from hetswarm.client.peer.hivemind_compat import load_identity
-from hetswarm.protocol.wire_format import COMBINED_LOW_RANK_SHARE, LOW_RANK_SHARE, SPARSE_DENSITY, WireFormat
+from hetswarm.protocol.wire_format import LOW_RANK_SHARE, SPARSE_DENSITY, WireFormat
 from tests.helpers.fault_runs import FAULT_STEP, STEPS, run_with_fault
 from tests.helpers.golden_runs import states
 from tests.helpers.tiny_training import D_DP, D_PP, TINY
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.swarm
 
 EIGHT_BIT = WireFormat.uniform("8bit")
 AQ_POWERSGD = WireFormat(activations="8bit", gradients="4bit", allreduce="8bit", activation_deltas="4bit",
-                         allreduce_low_rank=COMBINED_LOW_RANK_SHARE)
+                         allreduce_low_rank=LOW_RANK_SHARE)
 """The `aq-powersgd` policy's wire: aq-sgd's deltas, with 4-bit activation gradients and a low-rank all-reduce."""
 SPARSE = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_density=SPARSE_DENSITY)
 LOW_RANK = WireFormat(activations="8bit", gradients="8bit", allreduce="8bit", allreduce_low_rank=LOW_RANK_SHARE)

@@ -86,7 +86,7 @@ def coordinator(
                                                   "of a random 1/16 of the gradient), powersgd (8bit, and "
                                                   "each gradient matrix all-reduced as low-rank factors holding "
                                                   "1/4 of its values), or aq-powersgd (both: 4-bit activation deltas "
-                                                  "and activation gradients, factors holding 1/2; needs "
+                                                  "and activation gradients, factors holding 1/4; needs "
                                                   "--data-period).")] = "model",
     data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
                                                             "aq-sgd and aq-powersgd need it.")] = None,
