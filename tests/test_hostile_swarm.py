@@ -24,7 +24,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.utils import get_dht_time
 
 from hetswarm.client.local.swarm import LocalSwarm
-from hetswarm.client.peer.hardware import compute_dtype, device_name, probe_hardware
+from hetswarm.client.peer.hardware import cache_key, probe_hardware
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.peer.link_probe import SMALL_PROBE_BYTES, ProbeServicer, _stream_time
 from hetswarm.protocol.identity import peer_id_of
@@ -52,9 +52,8 @@ def _liar_cache(folder: Path) -> dict[str, str]:
     """An XDG cache whose throughput entry for this CPU claims 100× what it measures: the liar's environment."""
     device = torch.device("cpu")
     honest = probe_hardware(device).tflops
-    key = f"{device_name(device)}|{compute_dtype(device)}".replace("torch.", "")
     (folder / "hetswarm").mkdir(parents=True)
-    (folder / "hetswarm" / "throughput.json").write_text(json.dumps({key: 100 * honest}))
+    (folder / "hetswarm" / "throughput.json").write_text(json.dumps({cache_key(device): 100 * honest}))
     return {"XDG_CACHE_HOME": str(folder)}
 
 

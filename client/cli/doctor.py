@@ -37,7 +37,7 @@ from hetswarm.client.cli.options import (
     console,
 )
 from hetswarm.client.peer.addresses import ANY_HOST
-from hetswarm.client.peer.hardware import compute_dtype, default_cache_path, device_name, resolve_device
+from hetswarm.client.peer.hardware import cache_key, default_cache_path, resolve_device
 from hetswarm.client.peer.hivemind_compat import ControlFailure, dial
 from hetswarm.client.peer.node import DEFAULT_SWARM, NodeConfig, identity_for, start_dht_for_process
 from hetswarm.client.peer.reachability import (
@@ -255,8 +255,7 @@ def gpu_cache_check(device: torch.device, cache_path: Path | None = None) -> Che
     """Whether `join` will find this device's benchmark cached (in `cache_path`, by default where it looks), or
     measure it (or fail on a broken cache file)."""
     cache_path = cache_path or default_cache_path()
-    name, dtype = device_name(device), compute_dtype(device)
-    key = f"{name}|{dtype}".replace("torch.", "")  # the key probe_hardware files it under
+    key = cache_key(device)
     if not cache_path.exists():
         return Check("GPU probe cache", "warn", f"no benchmark cached yet ({cache_path})",
                      hint="the first join measures it (a few seconds)")

@@ -75,23 +75,27 @@ def measure_tflops(device: torch.device, dtype: torch.dtype, *, size: int | None
     return 2 * size**3 * repeats / elapsed / 1e12
 
 
+def cache_key(device: torch.device) -> str:
+    """The key of `device`'s throughput in the cache: its name and compute dtype ("NVIDIA H100|bfloat16")."""
+    return f"{device_name(device)}|{compute_dtype(device)}".replace("torch.", "")
+
+
 def probe_hardware(device: torch.device, *, throughput: str = "auto", cache_path: Path | None = None) -> Hardware:
     """This peer's Hardware record; `throughput` is "auto" (cached when known) or "eval" (measure again);
     `cache_path` is `default_cache_path()` unless given."""
     if throughput not in ("auto", "eval"):
         raise HetswarmError(f"--throughput must be auto or eval, got {throughput!r}")
-    name, dtype = device_name(device), compute_dtype(device)
-    cache_key = f"{name}|{dtype}".replace("torch.", "")
+    name, dtype, key = device_name(device), compute_dtype(device), cache_key(device)
     cache_path = cache_path or default_cache_path()
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     with open(cache_path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # peers started together on one machine measure one at a time
         cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-        if throughput == "eval" or cache_key not in cache:
+        if throughput == "eval" or key not in cache:
             logger.info(f"Measuring matmul throughput of {name} in {dtype}")
-            cache[cache_key] = measure_tflops(device, dtype)
+            cache[key] = measure_tflops(device, dtype)
             cache_path.write_text(json.dumps(cache, indent=1))
-        tflops = cache[cache_key]
+        tflops = cache[key]
     logger.info(f"{name}: {tflops:.2f} TFLOPS ({dtype}), {memory_gib(device):.1f} GiB")
     return Hardware(
         device=str(device), device_name=name[:128], tflops=float(tflops),
