@@ -165,8 +165,7 @@ def main() -> None:
         raise SystemExit("codec_profile needs py-spy: pip install py-spy")
     policies = args.policies.split(",")
     layout = LAYOUTS[args.layout]
-    if layout.tflops is not None:
-        use_a_fresh_throughput_cache()
+    use_a_fresh_throughput_cache(layout)
     rows, wall = [], time.monotonic()
     keys: Path | None = None
     for policy in policies:

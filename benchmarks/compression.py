@@ -73,11 +73,13 @@ BANDWIDTH_BOUND_SHARE = 0.6
 """The least share of the first policy's predicted step its transfers' bytes take in the bandwidth-bound layout."""
 
 
-def use_a_fresh_throughput_cache() -> None:
-    """Points this process and the clients it starts at an empty throughput cache (XDG_CACHE_HOME), so that run_swarm
-    measures this machine before any client runs, whatever an earlier, loaded measurement left in the user's cache
-    (0.019 TFLOPS against 0.40 quiet on the 2-core machine): a layout's pinned speed must be below the measured one."""
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hetswarm-cache-")
+def use_a_fresh_throughput_cache(layout: Layout) -> None:
+    """For a layout that pins the compute: points this process and the clients it starts at an empty throughput
+    cache (XDG_CACHE_HOME), so that run_swarm measures this machine before any client runs, whatever an earlier,
+    loaded measurement left in the user's cache (0.019 TFLOPS against 0.40 quiet on the 2-core machine): the pinned
+    speed must be below the measured one."""
+    if layout.tflops is not None:
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hetswarm-cache-")
 
 
 def _final_loss(phase: PhaseResult) -> float:
@@ -152,8 +154,7 @@ def main() -> None:
     layout = LAYOUTS[args.layout]
     bandwidth_scale = args.bandwidth_scale or layout.bandwidth_scale
     model_name, model = layout.model, get_model_config(layout.model)
-    if layout.tflops is not None:
-        use_a_fresh_throughput_cache()
+    use_a_fresh_throughput_cache(layout)
 
     results: dict[str, PhaseResult] = {}
     workdirs: dict[str, Path] = {}
