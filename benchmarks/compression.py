@@ -16,27 +16,34 @@ is measured from the second pass on, where AQ-SGD sends activation deltas. Write
     python benchmarks/compression.py --data-period 100 --passes 3 [--policies model,aq-sgd]
     python benchmarks/compression.py --policies model,8bit,sparse --bandwidth-scale 0.002 --section compression-sparse
     python benchmarks/compression.py --layout bandwidth-bound [--steps 300] [--policies model,8bit,powersgd]
+    python benchmarks/compression.py --layout bandwidth-bound --data-period 25 --passes 13 --keep DIR [--policies …]
 
 `--layout bandwidth-bound` trains the `small` model (6.5 M parameters) instead of the tiny one, with bandwidths
 scaled so that the bytes of the wire before compression make most of the step, and every client's compute pinned to
 a fixed speed the live model prices (LAYOUTS): right after the first policy's plan has trained, it prints what share
 of that plan's predicted step its transfers' bytes take, and stops there if that is below BANDWIDTH_BOUND_SHARE,
 before the other policies train.
+
+`--keep DIR` saves each policy's result in DIR/POLICY.json with the settings and the code it ran on, and reuses a
+saved one instead of training again when both match (the swarm's packages unchanged since, `swarm_code`): one
+table can then gather policies trained in turns, when all of them in a row take longer than one sitting.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from results import command_line, write_section  # benchmarks/ is on sys.path when run as a script
+from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, PhaseResult, run_swarm
 from hetswarm.coordinator.scheduling.cost_model import PaperCostModel, Payloads
@@ -120,17 +127,67 @@ def _targets(results: dict[str, PhaseResult], baseline: str) -> str:
     return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
-def bytes_share(plan_path: Path, base: PhaseResult) -> float:
-    """The share of the plan's predicted step that its transfers' bytes take (the rest: latency and compute)."""
-    return 1 - bytes_free_floor(plan_path) / base.predicted_step_s
-
-
-def _floor(plan_path: Path, base: PhaseResult) -> str:
-    floor = bytes_free_floor(plan_path)
+def _floor(floor: float, base: PhaseResult) -> str:
     return (f"With every byte free, the live model predicts {floor:.3f} s per step on the placement of the first "
             f"policy (latency and compute alone): no codec can be more than {base.predicted_step_s / floor:.2f}× "
             f"faster than its predicted {base.predicted_step_s:.3f} s there, of which transfers' bytes are "
             f"{1 - floor / base.predicted_step_s:.0%}.\n")
+
+
+SWARM_CODE = ("client", "coordinator", "protocol", "pyproject.toml")
+"""What a swarm runs: a kept result is reused only while these are as they were when it trained."""
+
+
+def swarm_code() -> str | None:
+    """The git objects of SWARM_CODE at HEAD; None where the checkout changes them (a result of uncommitted code
+    can be neither named nor matched later)."""
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    if subprocess.run([*git, "status", "--porcelain", "--", *SWARM_CODE], capture_output=True, text=True,
+                      check=True).stdout.strip():
+        return None
+    return " ".join(subprocess.run([*git, "rev-parse", *(f"HEAD:{path}" for path in SWARM_CODE)],
+                                   capture_output=True, text=True, check=True).stdout.split())
+
+
+@dataclass(frozen=True)
+class KeptResult:
+    """One policy's run as --keep saves it."""
+
+    settings: dict
+    """What must match for a later run to reuse it: the layout, seed, data order and step counts."""
+    code: str
+    """swarm_code() when it trained."""
+    revision: str
+    phase: PhaseResult
+    floor_s: float
+    """bytes_free_floor of its plan."""
+
+    def save(self, path: Path) -> None:
+        fields = dataclasses.asdict(self)
+        fields["phase"]["exported"] = None
+        path.write_text(json.dumps(fields, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> KeptResult:
+        fields = json.loads(path.read_text())
+        phase = fields.pop("phase")
+        for name in ("losses", "loss_times", "held_out"):  # JSON keys are strings; steps are ints
+            phase[name] = {int(step): value for step, value in phase[name].items()}
+        return cls(phase=PhaseResult(**phase), **fields)
+
+
+def kept(keep: Path | None, policy: str, settings: dict, code: str | None) -> KeptResult | None:
+    """The saved result of `policy` under these settings and code, if --keep holds one."""
+    path = keep / f"{policy}.json" if keep else None
+    if path is None or not path.exists():
+        return None
+    result = KeptResult.load(path)
+    if result.settings != settings or result.code != code:
+        print(f"policy {policy}: {path} was trained with other settings or code; training again", flush=True)
+        return None
+    print(f"policy {policy}: reusing {path}, trained at {result.revision}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -147,6 +204,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--section", help="RESULTS.md section to write (default: compression, or "
                                           "activation-deltas with --data-period)")
+    parser.add_argument("--keep", type=Path, help="folder to save each policy's result in, and to reuse saved "
+                                                  "results of the same settings and code from")
     args = parser.parse_args()
     period = args.data_period
     policies = (args.policies or ("model,aq-sgd" if period else "model,none,fp16,8bit")).split(",")
@@ -155,26 +214,44 @@ def main() -> None:
     bandwidth_scale = args.bandwidth_scale or layout.bandwidth_scale
     model_name, model = layout.model, get_model_config(layout.model)
     use_a_fresh_throughput_cache(layout)
+    settings = {"layout": args.layout, "bandwidth_scale": bandwidth_scale, "seed": args.seed,
+                "data_period": period, "warmup": warmup, "steps": steps}
+    code = swarm_code() if args.keep else None
+    if args.keep:
+        if code is None:
+            raise SystemExit(f"--keep: commit the changes to {', '.join(SWARM_CODE)} first, so that a kept result "
+                             f"names the code it ran")
+        args.keep.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, PhaseResult] = {}
-    workdirs: dict[str, Path] = {}
+    floors: dict[str, float] = {}
+    reused_from: dict[str, str] = {}
+    identities = args.keep / "keys" if args.keep else None  # the peers' keys: every policy plans the same peers
     started = time.monotonic()
     for policy in policies:
+        if reused := kept(args.keep, policy, settings, code):
+            results[policy], floors[policy], reused_from[policy] = reused.phase, reused.floor_s, reused.revision
+            continue
         workdir = Path(tempfile.mkdtemp(prefix=f"hetswarm-{policy}-"))
-        if workdirs:  # the first policy's peer identities, so that every policy plans the same peers
-            shutil.copytree(workdirs[policies[0]] / "keys", workdir / "keys")
-        workdirs[policy] = workdir
+        if identities and identities.exists():
+            shutil.copytree(identities, workdir / "keys")
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
                             workdir=workdir, data_period=period, bandwidth_scale=bandwidth_scale, model=model_name,
                             seed=args.seed, step_timeout_s=600.0, start_timeout_s=600.0,
                             emulate_tflops=layout.emulate_tflops)
         print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
-        results[policy] = run_swarm(config)[0]
-        phase = results[policy]
+        results[policy] = phase = run_swarm(config)[0]
+        floors[policy] = bytes_free_floor(workdir / "run-scheduled" / "plan.json")
+        if identities is None:
+            identities = workdir / "keys"
+        elif not identities.exists():
+            shutil.copytree(workdir / "keys", identities)
         print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
               f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
+        if args.keep:
+            KeptResult(settings, code, revision(), phase, floors[policy]).save(args.keep / f"{policy}.json")
         if args.layout == "bandwidth-bound" and len(results) == 1:
-            share = bytes_share(workdir / "run-scheduled" / "plan.json", phase)
+            share = 1 - floors[policy] / phase.predicted_step_s
             print(f"layout: transfers' bytes are {share:.0%} of {policy}'s predicted step", flush=True)
             if share < BANDWIDTH_BOUND_SHARE:
                 raise SystemExit(f"not bandwidth-bound: {share:.0%} < {BANDWIDTH_BOUND_SHARE:.0%}; lower "
@@ -198,9 +275,12 @@ def main() -> None:
              f"the same data, for {warmup} warm-up and {steps} measured steps")
     pinned = (f"; every client computes as slowly as a {layout.tflops}-TFLOPS device (`--emulate-tflops`), so that "
               f"the live model prices the compute it does" if layout.tflops else "")
+    turns = (f" Trained by an earlier run of the same command and reused (--keep): "
+             f"{', '.join(f'{policy} at {rev}' for policy, rev in reused_from.items())}; the minutes are this run's."
+             if reused_from else "")
     markdown = f"""## {title}
 
-Command: `{command_line()}` on the project's 2-core machine, {wall_s / 60:.0f} min.
+Command: `{command_line()}` at {revision()} on the project's 2-core machine, {wall_s / 60:.0f} min.{turns}
 
 8 clients (Oregon, Tokyo, Frankfurt, Seoul, two each) as separate processes on 127.0.0.1, links emulated from the
 DT-FM world-wide scenario with every bandwidth × {bandwidth_scale}; {model_name} model ({model.total_params / 1e6:.1f} M
@@ -213,7 +293,7 @@ compression (fp16 activations, fp32 all-reduce).
 | policy | wire | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | speed-up | loss | loss vs {policies[0]} |
 |---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
-{_targets(results, policies[0])}{_floor(workdirs[policies[0]] / "run-scheduled" / "plan.json", base)}
+{_targets(results, policies[0])}{_floor(floors[policies[0]], base)}
 """
     print(markdown)
     write_section(args.section or ("activation-deltas" if period else "compression"), markdown)
