@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from compression import LAYOUTS, use_a_fresh_throughput_cache
+from compression import LAYOUTS, copy_identities, use_a_fresh_throughput_cache
 from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
 
 from hetswarm.client.local.demo import DemoConfig, DemoWatch, PhaseResult, run_swarm
@@ -171,7 +171,7 @@ def main() -> None:
     for policy in policies:
         workdir = Path(tempfile.mkdtemp(prefix=f"hetswarm-profile-{policy}-"))
         if keys is not None:  # the same identities, so that every policy plans the same peers
-            shutil.copytree(keys, workdir / "keys")
+            copy_identities(keys, workdir / "keys")
         sampler = Sampler(args.warmup, args.window, workdir)
         steps = args.steps or args.warmup + 2 + int(args.window)  # steps of a second or more outlast the window
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=2, compression=policy,

@@ -89,6 +89,13 @@ def use_a_fresh_throughput_cache(layout: Layout) -> None:
         os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hetswarm-cache-")
 
 
+def copy_identities(keys: Path, into: Path) -> None:
+    """The peers' keys of one swarm, for the next policy's: not the coordinator's remembered version and step
+    (`<key>.state.json`, coordinator/run_state.py), so that every policy's coordinator starts afresh, as the first
+    one's did."""
+    shutil.copytree(keys, into, ignore=shutil.ignore_patterns("*.state.json"))
+
+
 def _final_loss(phase: PhaseResult) -> float:
     steps = sorted(phase.losses)[-LOSS_WINDOW:]
     return statistics.fmean(phase.losses[step] for step in steps)
@@ -234,7 +241,7 @@ def main() -> None:
             continue
         workdir = Path(tempfile.mkdtemp(prefix=f"hetswarm-{policy}-"))
         if identities and identities.exists():
-            shutil.copytree(identities, workdir / "keys")
+            copy_identities(identities, workdir / "keys")
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
                             workdir=workdir, data_period=period, bandwidth_scale=bandwidth_scale, model=model_name,
                             seed=args.seed, step_timeout_s=600.0, start_timeout_s=600.0,
@@ -245,7 +252,7 @@ def main() -> None:
         if identities is None:
             identities = workdir / "keys"
         elif not identities.exists():
-            shutil.copytree(workdir / "keys", identities)
+            copy_identities(workdir / "keys", identities)
         print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
               f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
         if args.keep:
