@@ -223,7 +223,7 @@ def main() -> None:
     use_a_fresh_throughput_cache(layout)
     settings = {"layout": args.layout, "bandwidth_scale": bandwidth_scale, "seed": args.seed,
                 "data_period": period, "warmup": warmup, "steps": steps}
-    code = swarm_code() if args.keep else None
+    code, started_at = (swarm_code() if args.keep else None), revision()
     if args.keep:
         if code is None:
             raise SystemExit(f"--keep: commit the changes to {', '.join(SWARM_CODE)} first, so that a kept result "
@@ -256,7 +256,7 @@ def main() -> None:
         print(f"policy {policy}: {phase.wire}, {phase.measured_step_s:.3f} s/step measured, "
               f"{phase.predicted_step_s:.3f} predicted, loss {_final_loss(phase):.4f}", flush=True)
         if args.keep:
-            KeptResult(settings, code, revision(), phase, floors[policy]).save(args.keep / f"{policy}.json")
+            KeptResult(settings, code, started_at, phase, floors[policy]).save(args.keep / f"{policy}.json")
         if args.layout == "bandwidth-bound" and len(results) == 1:
             share = 1 - floors[policy] / phase.predicted_step_s
             print(f"layout: transfers' bytes are {share:.0%} of {policy}'s predicted step", flush=True)
@@ -287,7 +287,7 @@ def main() -> None:
              if reused_from else "")
     markdown = f"""## {title}
 
-Command: `{command_line()}` at {revision()} on the project's 2-core machine, {wall_s / 60:.0f} min.{turns}
+Command: `{command_line()}` at {started_at} on the project's 2-core machine, {wall_s / 60:.0f} min.{turns}
 
 8 clients (Oregon, Tokyo, Frankfurt, Seoul, two each) as separate processes on 127.0.0.1, links emulated from the
 DT-FM world-wide scenario with every bandwidth × {bandwidth_scale}; {model_name} model ({model.total_params / 1e6:.1f} M
