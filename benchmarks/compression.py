@@ -16,7 +16,7 @@ is measured from the second pass on, where AQ-SGD sends activation deltas. Write
     python benchmarks/compression.py --data-period 100 --passes 3 [--policies model,aq-sgd]
     python benchmarks/compression.py --policies model,8bit,sparse --bandwidth-scale 0.002 --section compression-sparse
     python benchmarks/compression.py --layout bandwidth-bound [--steps 300] [--policies model,8bit,powersgd]
-    python benchmarks/compression.py --layout bandwidth-bound --data-period 25 --passes 13 --keep DIR [--policies …]
+    python benchmarks/compression.py --layout bandwidth-bound --data-period 25 --passes 12 --keep DIR [--policies …]
 
 `--layout bandwidth-bound` trains the `small` model (6.5 M parameters) instead of the tiny one, with bandwidths
 scaled so that the bytes of the wire before compression make most of the step, and every client's compute pinned to
@@ -282,7 +282,7 @@ def main() -> None:
              f"the same data, for {warmup} warm-up and {steps} measured steps")
     pinned = (f"; every client computes as slowly as a {layout.tflops}-TFLOPS device (`--emulate-tflops`), so that "
               f"the live model prices the compute it does" if layout.tflops else "")
-    turns = (f" Trained by an earlier run of the same command and reused (--keep): "
+    turns = (f" Trained by an earlier run with the same settings and code, and reused (--keep): "
              f"{', '.join(f'{policy} at {rev}' for policy, rev in reused_from.items())}; the minutes are this run's."
              if reused_from else "")
     markdown = f"""## {title}
