@@ -5,8 +5,8 @@ scenario with bandwidths × 0.005; tiny model, 2 pipelines × 4 stages) trains t
 the same data once per policy of `hetswarm coordinator --compression` (protocol/wire_format.py), each on a fresh
 swarm of the same identities and sites. Measured step time: the median over peers of the step period after the
 warm-up (hetswarm.client.local.demo); predicted: the coordinator's live model, which prices the bytes of the chosen
-codecs. Loss: the mean of the last stages' losses over the last 20 steps, compared at the same step count. Writes
-the "compression" section of benchmarks/RESULTS.md.
+codecs. Loss: the mean of the last stages' losses over the last 20 steps, compared at the same step count, and over
+six stretches of the run, with the held-out loss (`_curve`). Writes the "compression" section of benchmarks/RESULTS.md.
 
 With --data-period P, the data order repeats every P steps (a corpus of P steps' micro-batches) and the policies
 (by default today's wire and aq-sgd) train --passes passes over it; the first pass is the warm-up, so the step time
@@ -99,6 +99,43 @@ def copy_identities(keys: Path, into: Path) -> None:
 def _final_loss(phase: PhaseResult) -> float:
     steps = sorted(phase.losses)[-LOSS_WINDOW:]
     return statistics.fmean(phase.losses[step] for step in steps)
+
+
+CURVE_STRETCHES = 6
+"""The loss-over-the-run table splits the steps into this many stretches of equal length."""
+
+
+def _curve(results: dict[str, PhaseResult], baseline: str) -> str:
+    """Each policy's loss over stretches of the run, against the baseline's over the same steps: a policy that ends
+    above the baseline may have been behind all along or only at the end (the final-loss column cannot tell)."""
+    last = max(max(phase.losses) for phase in results.values()) + 1
+    edges = [round(i * last / CURVE_STRETCHES) for i in range(CURVE_STRETCHES + 1)]
+    base = results[baseline]
+    rows = []
+    for start, end in zip(edges, edges[1:]):
+        cells = [_stretch(phase, None if phase is base else base, start, end) for phase in results.values()]
+        rows.append(f"| {start}–{end - 1} | " + " | ".join(cells) + " |")
+    return (f"\nLoss over the run: each stretch's mean training loss (against `{baseline}` over the same steps); "
+            f"after the semicolon, the held-out loss at the stretch's last evaluation.\n\n"
+            f"| steps | {' | '.join(results)} |\n|---|{'---|' * len(results)}\n" + "\n".join(rows) + "\n")
+
+
+def _stretch(phase: PhaseResult, base: PhaseResult | None, start: int, end: int) -> str:
+    """One table cell: the mean training loss over steps [start, end) and the last held-out loss among them, each
+    against `base`'s (none for the baseline itself)."""
+    mean = _mean_over(phase.losses, start, end)
+    cell = f"{mean:.3f}" + (f" ({mean / _mean_over(base.losses, start, end) - 1:+.1%})" if base else "")
+    held = max((step for step in phase.held_out if start <= step < end), default=None)
+    if held is None:
+        return cell
+    cell += f"; {phase.held_out[held]:.3f}"
+    if base and held in base.held_out:
+        cell += f" ({phase.held_out[held] / base.held_out[held] - 1:+.1%})"
+    return cell
+
+
+def _mean_over(losses: dict[int, float], start: int, end: int) -> float:
+    return statistics.fmean(loss for step, loss in losses.items() if start <= step < end)
 
 
 def bytes_free_floor(plan_path: Path) -> float:
@@ -300,8 +337,7 @@ compression (fp16 activations, fp32 all-reduce).
 | policy | wire | measured (s/step) | predicted (s/step) | measured vs predicted | compute (s/step) | waiting (s/step) | speed-up | loss | loss vs {policies[0]} |
 |---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
-{_targets(results, policies[0])}{_floor(floors[policies[0]], base)}
-"""
+{_targets(results, policies[0])}{_floor(floors[policies[0]], base)}{_curve(results, policies[0])}"""
     print(markdown)
     write_section(args.section or ("activation-deltas" if period else "compression"), markdown)
 
