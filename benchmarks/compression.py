@@ -102,14 +102,15 @@ def _final_loss(phase: PhaseResult) -> float:
 
 
 CURVE_STRETCHES = 6
-"""The loss-over-the-run table splits the steps into this many stretches of equal length."""
+"""The loss-over-the-run table splits the steps into this many stretches of equal length (the last takes the rest)."""
 
 
 def _curve(results: dict[str, PhaseResult], baseline: str) -> str:
     """Each policy's loss over stretches of the run, against the baseline's over the same steps: a policy that ends
     above the baseline may have been behind all along or only at the end (the final-loss column cannot tell)."""
     last = max(max(phase.losses) for phase in results.values()) + 1
-    edges = [round(i * last / CURVE_STRETCHES) for i in range(CURVE_STRETCHES + 1)]
+    length = last // CURVE_STRETCHES
+    edges = [i * length for i in range(CURVE_STRETCHES)] + [last]  # the last stretch takes the remainder
     base = results[baseline]
     rows = []
     for start, end in zip(edges, edges[1:]):
