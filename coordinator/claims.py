@@ -6,8 +6,9 @@ compute took per step, so the coordinator knows the FLOPs it did in that time (t
 coordinator/scheduling/live_cost.py) and hence the TFLOPS it achieves. Training never reaches a matmul benchmark's peak,
 so achieved/claimed (the peer's efficiency) is compared with the median efficiency of the plan's members. A peer
 whose efficiency is off the median by more than `trust_band`, either way, is priced by what it does: at the TFLOPS
-that would give it the median efficiency (a card throttled, shared or mis-probed computes unlike its figure). One far
-below it (by more than `tolerance`) claims more than it does. Either is flagged with both figures (the Refusals
+that would give it the median efficiency (a card throttled, shared or mis-probed computes unlike its figure), but
+never, on its own reports alone, above what probation allows (below). One far below it (by more than `tolerance`)
+claims more than it does. Either is flagged with both figures (the Refusals
 record, the monitor). Within the band the claim stands: training time on a shared machine varies from step to step
 and from stage to stage (fixed per-pass costs weigh more on a stage with fewer FLOPs), and a plan that followed that
 noise would move peers for nothing. Like SWARM's throughput-based rebalancing (Ryabinin et al. 2023),
@@ -145,9 +146,6 @@ class ClaimCheck:
         typical = statistics.median(efficiency.values()) if efficiency else 0.0
         self.confirmed = frozenset(peer for peer in efficiency if self.trust_band * self._shown.get(peer, 0.0)
                                    >= typical * records[peer].hardware.tflops)
-        self._on_probation(records, self.confirmed, judged, flagged)
-        if not efficiency:
-            return judged, flagged
         for peer, own in efficiency.items():
             ratio = own / typical
             if 1 / self.trust_band <= ratio <= self.trust_band:
@@ -162,6 +160,7 @@ class ClaimCheck:
             else:
                 flagged[peer] = (f"computes like {priced:.3g} TFLOPS, not the {claimed:.3g} it claims "
                                  f"({_times(ratio)} the swarm's efficiency); priced by what it does")
+        self._on_probation(records, self.confirmed, judged, flagged)
         return judged, flagged
 
     def _efficiency(self, records: Mapping[str, PeerRecord]) -> dict[str, float]:
@@ -174,17 +173,19 @@ class ClaimCheck:
 
     def _on_probation(self, records: Mapping[str, PeerRecord], confirmed: frozenset[str],
                       judged: dict[str, PeerRecord], flagged: dict[str, str]) -> None:
-        """Caps, in `judged`, the TFLOPS of every peer whose claim is not `confirmed` and over `trust_band` times the
-        median claim at that median (module docstring), flagging them."""
+        """Caps, in `judged`, the TFLOPS of every peer that is not `confirmed` and priced over `trust_band` times the
+        median claim, at that median (module docstring), flagging them: whether its claim says so or its own compute
+        reports, which priced it above its claim (a liar reports what suits it)."""
         if not records:
             return
         median_claim = statistics.median(record.hardware.tflops for record in records.values())
         for peer, record in records.items():
-            claimed = record.hardware.tflops
-            if peer in confirmed or peer in flagged or claimed <= self.trust_band * median_claim:
+            claimed, priced = record.hardware.tflops, judged[peer].hardware.tflops
+            if peer in confirmed or priced <= self.trust_band * median_claim:
                 continue
             judged[peer] = record.copy(update={"hardware": record.hardware.copy(update={"tflops": median_claim})})
-            flagged[peer] = (f"on probation: claims {claimed:.3g} TFLOPS, priced at the median claim "
+            own = f", {priced:.3g} by its own reports" if priced != claimed else ""
+            flagged[peer] = (f"on probation: claims {claimed:.3g} TFLOPS{own}, priced at the median claim "
                              f"{median_claim:.3g} until its neighbours' timings confirm it")
 
     def _impossibly_fast(self, records: Mapping[str, PeerRecord]) -> tuple[dict[str, PeerRecord], dict[str, str]]:
