@@ -19,10 +19,10 @@ is measured from the second pass on, where AQ-SGD sends activation deltas. Write
     python benchmarks/compression.py --layout bandwidth-bound --data-period 25 --passes 12 --keep DIR [--policies …]
 
 `--layout bandwidth-bound` trains the `small` model (6.5 M parameters) instead of the tiny one, with bandwidths
-scaled so that the bytes of the wire before compression make most of the step, and every client's compute pinned to
-a fixed speed the live model prices (LAYOUTS): right after the first policy's plan has trained, it prints what share
-of that plan's predicted step its transfers' bytes take, and stops there if that is below BANDWIDTH_BOUND_SHARE,
-before the other policies train.
+scaled so that the bytes of the wire before compression make most of the step, every client's compute pinned to a
+fixed speed the live model prices, and the learning rate warming up over 10 steps (LAYOUTS): right after the first
+policy's plan has trained, it prints what share of that plan's predicted step its transfers' bytes take, and stops
+there if that is below BANDWIDTH_BOUND_SHARE, before the other policies train.
 
 `--keep DIR` saves each policy's result in DIR/POLICY.json with the settings and the code it ran on, and reuses a
 saved one instead of training again when both match (the swarm's packages unchanged since, `swarm_code`): one
@@ -68,6 +68,9 @@ class Layout:
     """Every client computes as slowly as a device of this many TFLOPS (`hetswarm join --emulate-tflops`), below
     what each of the 8 reaches on this machine's 2 cores, so that the live model prices the compute they do; None:
     as fast as they can, priced by the machine's cached throughput."""
+    lr_warmup_steps: int = 0
+    """The plan's learning-rate warm-up (`hetswarm coordinator --lr-warmup-steps`): without one, the `small` model's
+    loss spiked at step 6 on every wire and stalled for 100 steps after it under powersgd (RESULTS.md `lr-warmup`)."""
 
     @property
     def emulate_tflops(self) -> tuple[float, ...]:
@@ -75,7 +78,7 @@ class Layout:
         return (self.tflops,) if self.tflops else ()
 
 
-LAYOUTS = {"demo": Layout("tiny", 0.005), "bandwidth-bound": Layout("small", 0.01, tflops=0.04)}
+LAYOUTS = {"demo": Layout("tiny", 0.005), "bandwidth-bound": Layout("small", 0.01, tflops=0.04, lr_warmup_steps=10)}
 BANDWIDTH_BOUND_SHARE = 0.6
 """The least share of the first policy's predicted step its transfers' bytes take in the bandwidth-bound layout."""
 
@@ -260,7 +263,7 @@ def main() -> None:
     model_name, model = layout.model, get_model_config(layout.model)
     use_a_fresh_throughput_cache(layout)
     settings = {"layout": args.layout, "bandwidth_scale": bandwidth_scale, "seed": args.seed,
-                "data_period": period, "warmup": warmup, "steps": steps}
+                "data_period": period, "warmup": warmup, "steps": steps, "lr_warmup_steps": layout.lr_warmup_steps}
     code, started_at = (swarm_code() if args.keep else None), revision()
     if args.keep:
         if code is None:
@@ -283,7 +286,7 @@ def main() -> None:
         config = DemoConfig(placements=("scheduled",), steps=(steps,), warmup_steps=warmup, compression=policy,
                             workdir=workdir, data_period=period, bandwidth_scale=bandwidth_scale, model=model_name,
                             seed=args.seed, step_timeout_s=600.0, start_timeout_s=600.0,
-                            emulate_tflops=layout.emulate_tflops)
+                            emulate_tflops=layout.emulate_tflops, lr_warmup_steps=layout.lr_warmup_steps)
         print(f"policy {policy}: training {warmup} + {steps} steps; logs: {workdir}", flush=True)
         results[policy] = phase = run_swarm(config)[0]
         floors[policy] = bytes_free_floor(workdir / "run-scheduled" / "plan.json")
@@ -320,6 +323,8 @@ def main() -> None:
              f"the same data, for {warmup} warm-up and {steps} measured steps")
     pinned = (f"; every client computes as slowly as a {layout.tflops}-TFLOPS device (`--emulate-tflops`), so that "
               f"the live model prices the compute it does" if layout.tflops else "")
+    if layout.lr_warmup_steps:
+        pinned += f"; the learning rate warms up over the first {layout.lr_warmup_steps} steps"
     turns = (f" Trained by an earlier run with the same settings and code, and reused (--keep): "
              f"{', '.join(f'{policy} at {rev}' for policy, rev in reused_from.items())}; the minutes are this run's."
              if reused_from else "")

@@ -1,7 +1,8 @@
 """What each gradient option of the stage-group all-reduce costs in loss, for the bytes it saves, without a network.
 
-The tiny model trains whole in this process as R replicas (the data-parallel pipelines of a plan; the demo has 2),
-each on its own micro-batches of every step, with the stages' AdamW. Their gradients are averaged as a stage group
+A model (the tiny one by default) trains whole in this process as R replicas (the data-parallel pipelines of a
+plan; the demo has 2), each on its own micro-batches of every step, with the stages' AdamW and, with
+--lr-warmup-steps, the plan's learning-rate warm-up. Their gradients are averaged as a stage group
 does, by the project's own code for each option: the 8-bit codec's round trip of what each member sends and of the
 average a reducer sends back (protocol/codecs.py), the sample a sparse all-reduce draws (gradient_sample.py), the
 low-rank factors of PowerSGD (low_rank.py), and error feedback of all a round did not deliver (a member's residual
@@ -9,17 +10,23 @@ is what its values lost, plus the reducer's loss of the average; over the member
 not apply, as in group_allreduce.py). Every option trains from the same seed on the same data. What it leaves out:
 the network, so no timing; compression.py measures that on a real swarm.
 
-Reports, per option: the all-reduce's bytes per step against fp32's, and the loss, the mean of the last 20 steps'.
-Writes the "gradient-options" section of benchmarks/RESULTS.md.
+Reports, per option and warm-up: the all-reduce's bytes per step against fp32's, the highest loss of a step and the
+loss early on and over the last 20 steps (a spike in the first steps can stall training long after it: the second
+command shows it on the model and data order of compression.py's bandwidth-bound layout). Writes the
+"gradient-options" section of benchmarks/RESULTS.md, or --section.
 
     python benchmarks/gradient_options.py [--options none,8bit,sparse,powersgd:0.125,powersgd:0.25,powersgd:0.5]
                                           [--steps 300] [--replicas 2] [--section gradient-options]
+    python benchmarks/gradient_options.py --model small --data-period 25 --steps 100 --options none,powersgd:0.25 \
+                                          --lr-warmup-steps 0,10 --section lr-warmup
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
@@ -31,7 +38,7 @@ from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import micro_batch_loss, step_batches
 from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.codecs import round_trip
-from hetswarm.protocol.model_config import get_model_config
+from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.wire_format import BYTES_PER_VALUE, LOW_RANK_SHARE, SPARSE_DENSITY, Codec
 
 LOSS_WINDOW = 20
@@ -98,20 +105,38 @@ def parse_option(text: str) -> Option:
     raise SystemExit(f"unknown option {text!r}: none, 8bit, sparse[:density] or powersgd[:share]")
 
 
-def train(option: Option, *, steps: int, replicas: int) -> tuple[float, float, float]:
-    """The option's loss (mean of the last LOSS_WINDOW steps), its all-reduce's bytes per step against fp32's, and
-    the seconds it took."""
-    model = get_model_config("tiny")
+@dataclass(frozen=True)
+class Trained:
+    """One option's run: its losses step by step, and its all-reduce's bytes per step against fp32's."""
+
+    losses: list[float]
+    share: float
+    seconds: float
+
+    @property
+    def final(self) -> float:
+        """The mean of the last LOSS_WINDOW steps' losses."""
+        return statistics.fmean(self.losses[-LOSS_WINDOW:])
+
+    def mean(self, start: int, stop: int) -> float:
+        return statistics.fmean(self.losses[start:stop])
+
+
+def train(option: Option, model: ModelConfig, *, steps: int, replicas: int) -> Trained:
+    """Trains `model` from seed 0 with `option` averaging its replicas' gradients, with the plan's learning-rate
+    warm-up as the stages apply it (StageConfig.set_step_lr)."""
     torch.manual_seed(0)
     module = build_full_model(model, seed=0)
     parameters = list(module.parameters())
-    optimizer = StageConfig().build_optimizer(parameters)
+    config = StageConfig()
+    optimizer = config.build_optimizer(parameters)
     data = TokenSource.from_path(None, seed=0)
     residuals = [[torch.zeros_like(p) for p in parameters] for _ in range(replicas)]
     losses, started = [], time.perf_counter()
     for step in range(steps):
         members, loss = [], 0.0
-        for pipeline, micro_batches in enumerate(step_batches(data, model, step=step, n_pipelines=replicas)):
+        batches = step_batches(data, model, step=model.data_step(step), n_pipelines=replicas)
+        for pipeline, micro_batches in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
             for inputs, targets in micro_batches:
                 part = micro_batch_loss(module(inputs), targets, micro_batches=model.micro_batches)
@@ -121,11 +146,11 @@ def train(option: Option, *, steps: int, replicas: int) -> tuple[float, float, f
         averages, residuals = option.average(members, step)
         for parameter, average in zip(parameters, averages):
             parameter.grad = average.clone()
+        config.set_step_lr(optimizer, model, step)
         optimizer.step()
         losses.append(loss)
     whole = sum(p.numel() for p in parameters) * BYTES_PER_VALUE["fp32"]
-    return (sum(losses[-LOSS_WINDOW:]) / LOSS_WINDOW, option.values_sent * BYTES_PER_VALUE[option.codec] / whole,
-            time.perf_counter() - started)
+    return Trained(losses, option.values_sent * BYTES_PER_VALUE[option.codec] / whole, time.perf_counter() - started)
 
 
 def main() -> None:
@@ -133,29 +158,43 @@ def main() -> None:
     parser.add_argument("--options", default="none,8bit,sparse,powersgd:0.125,powersgd:0.25,powersgd:0.5")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--model", default="tiny", help="model preset")
+    parser.add_argument("--data-period", type=int, help="steps per pass over a repeating data order")
+    parser.add_argument("--lr-warmup-steps", default="0", help="comma-separated warm-ups: each option trains with "
+                                                              "each (ModelConfig.lr_warmup_steps)")
     parser.add_argument("--section", default="gradient-options", help="RESULTS.md section to write")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    warmups = [int(text) for text in args.lr_warmup_steps.split(",")]
+    texts = args.options.split(",")
+    early = (min(20, args.steps // 2), min(50, args.steps))
     rows, baseline = [], None
-    for text in args.options.split(","):
-        option = parse_option(text)
-        loss, share, seconds = train(option, steps=args.steps, replicas=args.replicas)
-        baseline = loss if baseline is None else baseline
-        rows.append(f"| {text} | {option.codec} | {share:.4f} ({1 / share:.1f}× fewer) | {loss:.4f} | "
-                    f"{100 * (loss / baseline - 1):+.1f}% |")
-        print(rows[-1], f"{seconds:.0f} s", flush=True)
-    first = args.options.split(",")[0]
+    for warmup in warmups:
+        model = get_model_config(args.model, data_period=args.data_period, lr_warmup_steps=warmup)
+        for text in texts:
+            option = parse_option(text)
+            run = train(option, model, steps=args.steps, replicas=args.replicas)
+            baseline = run.final if baseline is None else baseline
+            peak = max(range(args.steps), key=run.losses.__getitem__)
+            rows.append(f"| {text} | {warmup} | {option.codec} | {run.share:.4f} ({1 / run.share:.1f}× fewer) | "
+                        f"{run.losses[peak]:.2f} (step {peak}) | {run.mean(*early):.4f} | {run.final:.4f} | "
+                        f"{100 * (run.final / baseline - 1):+.1f}% |")
+            print(rows[-1], f"{run.seconds:.0f} s", flush=True)
+    first = f"{texts[0]}, warm-up {warmups[0]}"
+    period = f", a data order repeating every {args.data_period} steps" if args.data_period else ""
     write_section(args.section, f"""## Gradient options of the all-reduce: loss for bytes, without a network
 
 Command: `{command_line()}` at {revision()}.
 
-The tiny model as {args.replicas} replicas in one process, {args.steps} steps from the same seed on the same data,
-the stages' AdamW; each option averages the replicas' gradients with the project's code for it, error feedback
+The {args.model} model as {args.replicas} replicas in one process, {args.steps} steps from the same seed on the
+same data{period}, the stages' AdamW (lr {StageConfig().lr}), its learning rate warming up linearly over the
+warm-up's steps; each option averages the replicas' gradients with the project's code for it, error feedback
 included (the script's docstring). Bytes: what one member's all-reduce sends per step (both rounds of a low-rank
-one), against fp32's. Loss: mean of the last {LOSS_WINDOW} steps; change against `{first}`.
+one), against fp32's. Loss: the highest step's; the mean of steps {early[0]}–{early[1] - 1}; the mean of the last
+{LOSS_WINDOW} steps, and its change against `{first}`.
 
-| option | codec | bytes per step vs fp32 | loss | loss vs {first} |
-|---|---|---|---|---|
+| option | warm-up (steps) | codec | bytes per step vs fp32 | peak loss | loss, steps {early[0]}–{early[1] - 1} | loss, last {LOSS_WINDOW} | vs {first} |
+|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows))
 
 

@@ -69,6 +69,10 @@ class ModelConfig(ModelCounts):
     """Steps after which the data order repeats: step s trains on the micro-batches of step s mod data_period, so
     that a sample recurs once per pass (activation deltas, protocol/wire_format.py, need it). None: every step draws
     fresh windows of the corpus."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the learning rate rises linearly to the stages' lr (`lr_factor`); 0: none. Without
+    it, AdamW's first steps at full lr made the `small` model's loss spike at step 6 and, with a low-rank all-reduce,
+    stall near 2.9 for the next 100 steps; 10 steps of warm-up removed both (benchmarks/RESULTS.md `lr-warmup`)."""
     nominal_params: int | None = None
     """Headline parameter count a paper quotes (1.3e9 for GPT-3 XL); only `dtfm-reference` accounting reads it."""
     payload_accounting: PayloadAccounting = "exact"
@@ -100,6 +104,8 @@ class ModelConfig(ModelCounts):
                               f"{self.norm_eps} and {self.rope_theta}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r} in {self.name!r}")
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps} in model {self.name!r}")
         if self.data_period is not None and self.data_period < 1:
             raise ConfigError(f"data_period must be positive or None, got {self.data_period} in model {self.name!r}")
         if self.payload_accounting not in ("exact", "dtfm-reference"):
@@ -110,6 +116,12 @@ class ModelConfig(ModelCounts):
     def data_step(self, step: int) -> int:
         """The step whose micro-batches step `step` trains on (itself unless the data order repeats)."""
         return step % self.data_period if self.data_period else step
+
+    def lr_factor(self, step: int) -> float:
+        """The share of the full learning rate that optimizer step `step` (from 0) takes: (step + 1) / warm-up steps
+        during the warm-up, then 1. A function of the step alone, so a replica that takes a stage over mid-warm-up
+        needs nothing more than the step it starts from."""
+        return min(1.0, (step + 1) / self.lr_warmup_steps) if self.lr_warmup_steps else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -45,6 +45,7 @@ def test_a_swarm_on_a_gpu_tracks_fp32_single_process_training_within_bf16(tmp_pa
             assert set(errors) == set(reference.grads)
             assert max(errors.values()) < BF16_TOLERANCE, sorted(errors.items(), key=lambda item: -item[1])[:5]
         expected.append(reference.loss)
+        LR3_CONFIG.set_step_lr(optimizer, TINY, step)
         optimizer.step()
 
     last_stage = [r for r in results if r["stage"] == D_PP - 1]

@@ -7,6 +7,8 @@ import torch
 
 from hetswarm.client.training.activation_memory import saved_for_backward
 from hetswarm.client.training.model import StageModule, build_full_model, build_stage, loss
+from hetswarm.client.training.stage_worker import StageConfig
+from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 
 TINY = get_model_config("tiny")
@@ -163,3 +165,16 @@ def test_stage_is_built_in_the_requested_dtype_from_the_same_numbers():
 def test_bad_stage_index_is_refused():
     with pytest.raises(ValueError, match="stage_index"):
         build_stage(TINY, 2, 2, seed=0)
+
+
+def test_the_learning_rate_warms_up_linearly_from_the_step_number_and_negative_warm_ups_are_refused():
+    config, model = StageConfig(lr=1e-3), get_model_config("tiny", lr_warmup_steps=4)
+    optimizer = config.build_optimizer(build_full_model(model, seed=0).parameters())
+    rates = []
+    for step in (0, 1, 3, 4, 100, 2):  # a replica that takes over at step 2 needs nothing but the step
+        config.set_step_lr(optimizer, model, step)
+        rates.append(optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3, 7.5e-4])
+    assert get_model_config("tiny").lr_factor(0) == 1.0  # no warm-up: the full rate from the first step
+    with pytest.raises(ConfigError, match="lr_warmup_steps"):
+        get_model_config("tiny", lr_warmup_steps=-1)

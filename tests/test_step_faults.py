@@ -44,6 +44,7 @@ def reference_state() -> dict[str, torch.Tensor]:
     optimizer = CONFIG.build_optimizer(model.parameters())
     for step in range(STEPS):
         reference_step(model, step_batches(source, TINY, step=step, n_pipelines=D_DP))
+        CONFIG.set_step_lr(optimizer, TINY, step)
         optimizer.step()
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 

@@ -82,5 +82,6 @@ def test_thirty_steps_track_single_process_training(golden_tiny):
     expected = []
     for step in range(STEPS):
         expected.append(reference_step(model, step_batches(source, TINY, step=step, n_pipelines=D_DP)).loss)
+        LR3_CONFIG.set_step_lr(optimizer, TINY, step)
         optimizer.step()
     assert _swarm_losses(golden_tiny) == pytest.approx(expected, abs=1e-3)

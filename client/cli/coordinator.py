@@ -90,6 +90,9 @@ def coordinator(
                                                   "--data-period).")] = "model",
     data_period: Annotated[Optional[int], typer.Option(help="Steps after which the data order repeats (a pass); "
                                                             "aq-sgd and aq-powersgd need it.")] = None,
+    lr_warmup_steps: Annotated[Optional[int], typer.Option(help="Steps over which the learning rate rises "
+                                                                "linearly to its full value (default: the model "
+                                                                "preset's, none for the built-in ones).")] = None,
     aggregation: Annotated[str, typer.Option(help="How stage groups combine gradients: mean, or centered-clip "
                                                   "(robust to a few hostile members; for open swarms).")] = "mean",
     rollback_spike: Annotated[float, typer.Option(help="Roll back to the last checkpoint when a step's loss is "
@@ -121,8 +124,8 @@ def coordinator(
     if not initial_peers and not new_swarm:  # a restarted coordinator alone would plan a swarm of its own
         raise HetswarmError("give --initial-peers of a peer in the swarm, or --new-swarm to start a new one with "
                             "this coordinator as its first peer")
-    overrides = {name: value for name, value in (("micro_batches", micro_batches), ("data_period", data_period))
-                 if value}
+    overrides = {name: value for name, value in (("micro_batches", micro_batches), ("data_period", data_period),
+                                                 ("lr_warmup_steps", lr_warmup_steps)) if value}
     model_config = load_model(model, **overrides)
     if init_from is not None:
         model_config = starting_from(model_config, init_from)

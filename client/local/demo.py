@@ -102,6 +102,8 @@ class DemoConfig:
     """The coordinator's --compression policy (protocol/wire_format.py)."""
     data_period: int | None = None
     """The coordinator's --data-period: steps per pass over a repeating data order (aq-sgd needs one)."""
+    lr_warmup_steps: int = 0
+    """The coordinator's --lr-warmup-steps (ModelConfig.lr_warmup_steps)."""
     eval_every: int = 5
     """The coordinator's --eval-every: steps between the pipelines' held-out losses (0: none)."""
     ttl_s: float = 20.0
@@ -271,7 +273,8 @@ async def _run_phase(swarm: LocalSwarm, watch: DemoWatch, config: DemoConfig, pl
         "--debounce", "1",
         "--reconsider", "3600", "--save-plan", str(swarm.workdir / "plan.json"), "--compression", config.compression,
         "--eval-every", str(config.eval_every),
-        *(("--data-period", str(config.data_period)) if config.data_period else ()))
+        *(("--data-period", str(config.data_period)) if config.data_period else ()),
+        *(("--lr-warmup-steps", str(config.lr_warmup_steps)) if config.lr_warmup_steps else ()))
     await _wait(watch, lambda: watch.assignment is not None, config.start_wait_s, f"publish a {placement} plan",
                 on_update)
     assignment = watch.assignment

@@ -51,6 +51,7 @@ from hetswarm.client.training.step_commit import CommitBoard, vote_for
 from hetswarm.client.training.tied_embeddings import TiedMatrix
 from hetswarm.protocol.errors import ConfigError
 from hetswarm.protocol.keys import AppliedStep, ReadyStep
+from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["StageConfig", "StageWorker", "StepReport"]
 
@@ -100,6 +101,12 @@ class StageConfig:
     def build_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.AdamW:
         """AdamW with GPT-2-style betas (nanoGPT, train.py); the single-process reference builds the same."""
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.95))
+
+    def set_step_lr(self, optimizer: torch.optim.Optimizer, model: ModelConfig, step: int) -> None:
+        """Gives `optimizer` the learning rate of optimizer step `step` under the plan's warm-up
+        (ModelConfig.lr_factor); call before each step, as the single-process reference does too."""
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr * model.lr_factor(step)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -281,12 +288,13 @@ class StageWorker:
             return False
         self.streams.commit(step, attempt)
         if before is None:
-            await self._apply(grads)
+            await self._apply(step, grads)
         return loss
 
-    async def _apply(self, grads: list[torch.Tensor]) -> None:
+    async def _apply(self, step: int, grads: list[torch.Tensor]) -> None:
         for param, grad in zip(self.module.parameters(), grads):
             param.grad = grad
+        self.config.set_step_lr(self.optimizer, self.passes.role.model, step)
         await self.passes.computing(self.optimizer.step)
         mark("applied")
 
@@ -299,7 +307,7 @@ class StageWorker:
         except Exception as e:
             logger.warning(f"Could not copy the state before step {step}, so it is not applied ahead: {e!r}")
             return None
-        await self._apply(grads)
+        await self._apply(step, grads)
         grads.clear()  # applied: let them go before the next step's passes make new ones
         self._ahead.start(step + 1)
         return before

@@ -24,7 +24,9 @@ from tests.helpers.dht_nodes import start_node
 from tests.helpers.processes import reap_children
 from tests.helpers.training_process import Fault, TrainJob, run_training_processes
 
-TINY = get_model_config("tiny")
+TINY = get_model_config("tiny", lr_warmup_steps=4)
+"""Warming up over its first 4 steps, so that every training scenario (retries, hand-offs, checkpoints, rollbacks)
+runs through learning rates that the step number sets, as the single-process references do (set_step_lr)."""
 FP32 = WireFormat.uniform("fp32")
 """Exact arithmetic on the wire, so that the distributed step can equal the single-process one."""
 SEED = 7
