@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from results import command_line, revision, write_section  # benchmarks/ is on sys.path when run as a script
+from gradient_options import seeded_training  # benchmarks/ is on sys.path when run as a script
+from results import command_line, revision, write_section
 
 from hetswarm.client.training.activation_deltas import DeltaBuffers, Sample
-from hetswarm.client.training.data import TokenSource
-from hetswarm.client.training.model import build_full_model
 from hetswarm.client.training.reference import micro_batch_loss, step_batches
-from hetswarm.client.training.stage_worker import StageConfig
 from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.wire_format import Codec
@@ -139,12 +137,7 @@ class Trained:
 def train(option: str, model: ModelConfig, *, steps: int, replicas: int, d_pp: int) -> Trained:
     """Trains `model` from seed 0 with `option` at every stage boundary (module docstring)."""
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    module = build_full_model(model, seed=0)
-    parameters = list(module.parameters())
-    config = StageConfig()
-    optimizer = config.build_optimizer(parameters)
-    data = TokenSource.from_path(None, seed=0)
+    module, _, config, optimizer, data = seeded_training(model)
     wire = Wire(option)
     cut_after = [end - 1 for _, end in model.stage_layers(d_pp)[:-1]]
     where: dict[str, object] = {}

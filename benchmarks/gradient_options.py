@@ -122,15 +122,21 @@ class Trained:
         return statistics.fmean(self.losses[start:stop])
 
 
-def train(option: Option, model: ModelConfig, *, steps: int, replicas: int) -> Trained:
-    """Trains `model` from seed 0 with `option` averaging its replicas' gradients, with the plan's learning-rate
-    warm-up as the stages apply it (StageConfig.set_step_lr)."""
+def seeded_training(model: ModelConfig
+                    ) -> tuple[torch.nn.Module, list[torch.nn.Parameter], StageConfig, torch.optim.Optimizer, TokenSource]:
+    """What every in-process run starts from: `model` built from seed 0, its parameters, the stages' AdamW over
+    them, and the data source of seed 0 (benchmarks/activation_wire.py starts from the same)."""
     torch.manual_seed(0)
     module = build_full_model(model, seed=0)
     parameters = list(module.parameters())
     config = StageConfig()
-    optimizer = config.build_optimizer(parameters)
-    data = TokenSource.from_path(None, seed=0)
+    return module, parameters, config, config.build_optimizer(parameters), TokenSource.from_path(None, seed=0)
+
+
+def train(option: Option, model: ModelConfig, *, steps: int, replicas: int) -> Trained:
+    """Trains `model` from seed 0 with `option` averaging its replicas' gradients, with the plan's learning-rate
+    warm-up as the stages apply it (StageConfig.set_step_lr)."""
+    module, parameters, config, optimizer, data = seeded_training(model)
     residuals = [[torch.zeros_like(p) for p in parameters] for _ in range(replicas)]
     losses, started = [], time.perf_counter()
     for step in range(steps):
