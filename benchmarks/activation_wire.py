@@ -74,14 +74,16 @@ class Wire:
         self.gradients: Codec = "fp16" if name == "fp16" else "8bit"
         self.codec: Codec = self.gradients
         self.tolerance = float(tolerance) if name == "adaptive" else None
-        self.deltas = name != self.codec
+        self.sends_deltas = name != self.codec
         self.links: dict[tuple[int, int], tuple[DeltaBuffers, DeltaBuffers]] = {}
         self.copies: dict[tuple[int, int], dict[Sample, torch.Tensor]] = {}
+        """Each link's copy of each sample, as both ends hold it (DeltaBuffers keeps its own to itself): what a delta
+        would be taken against, for the frame statistics."""
         self.stats = FrameStats()
 
     def received(self, activation: torch.Tensor, *, link: tuple[int, int], step: int, sample: Sample) -> torch.Tensor:
         """What the next stage trains on for `activation` on `link` (boundary, replica)."""
-        if not self.deltas:
+        if not self.sends_deltas:
             return round_trip(activation, self.codec)
         sender, receiver = self.links.setdefault(link, (DeltaBuffers(whole="8bit", delta="4bit"),
                                                         DeltaBuffers(whole="8bit", delta="4bit")))
@@ -128,6 +130,8 @@ class _Boundary(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class Trained:
+    """One option's run: its losses and frame statistics step by step."""
+
     option: str
     losses: list[float]
     frames: list[FrameStats]
