@@ -178,19 +178,13 @@ def train(option: str, model: ModelConfig, *, steps: int, replicas: int, d_pp: i
     return Trained(option, losses, frames, time.perf_counter() - started)
 
 
-def _stretch_row(run: Trained, base: Trained, start: int, end: int) -> str:
-    cell = _cell(run.losses, run.frames, start, end, run.option)
-    if run is base:
-        return cell
-    loss, _, rest = cell.partition(";")
-    change = statistics.fmean(run.losses[start:end]) / statistics.fmean(base.losses[start:end]) - 1
-    return f"{loss} ({change:+.1%})" + (f";{rest}" if rest else "")
-
-
-def _cell(losses: list[float], frames: list[FrameStats], start: int, end: int, option: str) -> str:
-    """Steps [start, end): the mean loss; over the frames after the first pass, the median change and received
-    error, and the share of deltas (`adaptive:T`) or of frames within each tolerance (`aq-sgd`)."""
-    cell = f"{statistics.fmean(losses[start:end]):.3f}"
+def _cell(losses: list[float], frames: list[FrameStats], start: int, end: int, option: str,
+          base: list[float] | None = None) -> str:
+    """Steps [start, end): the mean loss (against `base`'s, if given); over the frames after the first pass, the
+    median change and received error, and the share of deltas (`adaptive:T`) or of frames within each tolerance
+    (`aq-sgd`)."""
+    mean = statistics.fmean(losses[start:end])
+    cell = f"{mean:.3f}" + (f" ({mean / statistics.fmean(base[start:end]) - 1:+.1%})" if base else "")
     frames = frames[start:end]
     change = [value for stats in frames for value in stats.change]
     if not change:
@@ -226,7 +220,8 @@ def main() -> None:
                              options))
     base = runs[0]
     edges = [i * (args.steps // STRETCHES) for i in range(STRETCHES)] + [args.steps]
-    rows = [f"| {start}–{end - 1} | " + " | ".join(_stretch_row(run, base, start, end) for run in runs)
+    rows = [f"| {start}–{end - 1} | " + " | ".join(_cell(run.losses, run.frames, start, end, run.option, None if run is base else base.losses)
+                                      for run in runs)
             + " |" for start, end in zip(edges, edges[1:])]
     finals = " | ".join(f"{statistics.fmean(run.losses[-20:]):.4f}" for run in runs)
     markdown = f"""## The activation wire: loss, and 4-bit deltas against 8-bit activations, without a network
