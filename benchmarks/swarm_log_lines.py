@@ -1,7 +1,10 @@
 """What a local swarm's logs say about a run, for the scale benchmarks (demo_scale.py, swarm_scale.py)."""
 from __future__ import annotations
 
+import collections
 import re
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL"
@@ -20,10 +23,43 @@ def planned_out(coordinator_log: str) -> list[str]:
     return re.findall(r"Leaving (\S+) out and re-planning", coordinator_log)
 
 
-def unstored_records(logs: Path) -> int:
-    """Log lines of clients whose record no DHT node accepted."""
-    return sum(log.read_text(errors="replace").count("No DHT node accepted our peer record")
-               for log in logs.glob("*.log"))
+def unstored_records(logs: Path) -> str:
+    """Log lines of clients whose record no DHT node accepted, in all and by the reason of the store
+    (client/peer/volunteer.py: start, heartbeat, probe, assignment, leaving)."""
+    reasons = collections.Counter(reason for log in logs.glob("*.log") for reason in re.findall(
+        r"No DHT node accepted our peer record \((\w+)\)", log.read_text(errors="replace")))
+    each = ", ".join(f"{reason} {count}" for reason, count in reasons.most_common())
+    return f"{reasons.total()} ({each})" if reasons else "0"
+
+
+_RICH_STAMP = re.compile(r"\[(\d\d/\d\d/\d\d \d\d:\d\d:\d\d)\]")
+"""How the CLI's log (rich) stamps a line; a line logged in the same second as the one above it has no stamp."""
+
+
+def _stamped_lines(log: str) -> Iterator[tuple[float, str]]:
+    """Each line of a CLI log with the time (epoch seconds, to the second) of the last stamp at or above it."""
+    stamp = float("nan")
+    for line in log.splitlines():
+        if found := _RICH_STAMP.match(line):
+            stamp = datetime.strptime(found.group(1), "%m/%d/%y %H:%M:%S").timestamp()
+        yield stamp, line
+
+
+def coordinator_phases(coordinator_log: str, peers: int, since: float) -> dict[str, float | None]:
+    """Seconds from `since` (epoch) to the coordinator's steps towards its first plan, as it logged them: its last
+    read of fewer than `peers` trainable peers, the end of its first search, its request to measure estimated links
+    (coordinator/measurement_wait.py) and its first plan's publication; None for a step it did not log."""
+    patterns = {"last read short of every peer": f"Waiting for {peers} trainable peers",
+                "first search done": "search: ", "estimated links asked for": "estimated links; their peers measure",
+                "first plan published": "Publishing v"}
+    found: dict[str, float | None] = dict.fromkeys(patterns)
+    for stamp, line in _stamped_lines(coordinator_log):
+        for phase, pattern in patterns.items():
+            if pattern in line and (found[phase] is None or phase == "last read short of every peer"):
+                found[phase] = stamp - since
+        if found["first plan published"] is not None:
+            break
+    return found
 
 
 def estimated_links(coordinator_log: str) -> str:

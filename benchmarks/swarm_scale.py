@@ -32,7 +32,7 @@ from demo_scale import TreeMemory  # benchmarks/ is on sys.path when run as a sc
 from hivemind.utils import get_dht_time
 from results import command_line, revision, write_section
 from standby_swarm import preloading_server, role_of, tree
-from swarm_log_lines import departures_counted, estimated_links, planned_out, unstored_records
+from swarm_log_lines import coordinator_phases, departures_counted, estimated_links, planned_out, unstored_records
 
 from hetswarm.client.local.demo import DemoConfig
 from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
@@ -167,6 +167,7 @@ def main() -> None:
                 time.sleep(args.join_every)
             clients[name] = swarm.start_client(name, *config.client_args(index, region, coordinator_id))
         watch = ScaleWatch(SwarmRecords(dht, swarm.swarm), coordinator_id, frozenset(names), time.monotonic())
+        last_join = time.time()
         joining_s = watch.since - first_join
         try:
             try:
@@ -198,6 +199,9 @@ def main() -> None:
         f"| clients whose process ended before the plan | {', '.join(watch.ended) or 'none'} |",
         f"| **last join → every record in view** | {_seconds(watch.full_view_s)} |",
         f"| **last join → first plan** (wanted ≤ 180 s) | {_seconds(watch.first_plan_s)} |",
+        f"| the coordinator's log, from the last join (to the second) | " + ", ".join(
+            f"{phase} {_seconds(at)}" for phase, at in coordinator_phases(coordinator, args.peers, last_join).items())
+        + " |",
         f"| **links measured per peer** (k = {DEFAULT_MAX_LINKS}) | at most {max(links)}, mean "
         f"{statistics.mean(links):.1f}; the most any record read listed: {watch.most_links} |",
         f"| **largest record as stored** (wanted ≤ {MAX_RECORD_BYTES_WANTED} bytes) | "

@@ -4,9 +4,9 @@ every probe pass: the heartbeat publishes it, plus once per round that measured 
 The swarm is real, on 127.0.0.1: a `silent` node publishes a valid signed PeerRecord but serves no probe handler
 (as a peer without the probe service, or a crashed one until its record expires); a `good` peer is a Volunteer;
 `me` is a Volunteer with the smallest peer id, so it is the one that measures both links. Before the backoff, `me`
-probed `silent` about 1500 times in 20 s and published its record as often. A heartbeat no DHT node took is tried
-again within a second, not a period later, and further refusals back off (on a stand-in record store). A volunteer
-that measured more links than a record holds publishes the newest.
+probed `silent` about 1500 times in 20 s and published its record as often. A store no DHT node took (a heartbeat's
+or news') is tried again within a second, not a period later, and further refusals back off (on a stand-in record
+store). A volunteer that measured more links than a record holds publishes the newest.
 """
 from __future__ import annotations
 
@@ -147,18 +147,25 @@ class _Refusing:
         return len(self.stores) > self.times
 
 
-def heartbeat_gaps(refused: int) -> list[float]:
-    """Seconds between the stores of a heartbeat with T = 4 s (every 2 s) over 5 s, its first `refused` refused."""
+def heartbeat_gaps(refused: int, *, news_at_s: float | None = None, run_s: float = 5.0) -> list[float]:
+    """Seconds between the stores of a heartbeat with T = 4 s (every 2 s) over `run_s`, the first `refused` stores
+    refused; with `news_at_s`, the record is also published that long after the start, as after a probe round."""
     records = _Refusing(refused)
     node = SimpleNamespace(peer_id=IDS[0], records=records, config=SimpleNamespace(swarm=SWARM),
                            dht=SimpleNamespace(get_visible_maddrs=lambda: []))
     volunteer = Volunteer(node, HARDWARE, VolunteerConfig(ttl_s=4.0))
 
+    async def news() -> None:
+        await asyncio.sleep(news_at_s)
+        await volunteer.publish_record("probe")
+
     async def beat() -> float:
         started = asyncio.get_running_loop().time()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
-                await volunteer._heartbeat()
+            async with asyncio.timeout(run_s), asyncio.TaskGroup() as tasks:
+                tasks.create_task(volunteer._heartbeat())
+                if news_at_s is not None:
+                    tasks.create_task(news())
         return started
 
     started = asyncio.run(beat())
@@ -177,6 +184,14 @@ def test_refused_heartbeats_back_off_up_to_a_sixth_of_the_ttl_so_an_overloaded_d
     gaps = heartbeat_gaps(refused=3)
     assert len(gaps) == 4, gaps  # refused at 2, 2.4 and 3.07 s, taken at 3.73 s; the next heartbeat at 5.73 s
     assert gaps == pytest.approx([2.0, 0.4, 4.0 / 6, 4.0 / 6], abs=0.15), gaps
+
+
+@pytest.mark.timing  # measures the gaps between stores
+def test_a_refused_store_of_news_is_tried_again_within_a_second_not_at_the_next_heartbeat():
+    """New links are what a coordinator holding its plan back waits for (coordinator/measurement_wait.py)."""
+    gaps = heartbeat_gaps(refused=1, news_at_s=0.5, run_s=3.5)
+    assert len(gaps) == 3, gaps  # the news refused at 0.5 s, taken at 0.9 s, refreshed at 2.9 s
+    assert gaps == pytest.approx([0.5, 0.4, 2.0], abs=0.3), gaps
 
 
 class _ReadOnDemand:

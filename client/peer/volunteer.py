@@ -158,6 +158,8 @@ class Volunteer:
         self._probe_wanted = asyncio.Event()
         self._probe_wanted.set()  # the first round turns `joining` into `ready`, even with nobody to measure
         self._publish_lock = asyncio.Lock()
+        self._refused = asyncio.Event()
+        """Set when no DHT node took a store of our record: the heartbeat tries again soon (`_heartbeat`)."""
         self.publishes: collections.Counter[str] = collections.Counter()
         """Records published, by reason (start, heartbeat, probe, assignment, leaving): for logs and tests."""
 
@@ -205,7 +207,8 @@ class Volunteer:
             except TimeoutError:
                 stored = False
         if not stored:
-            logger.warning("No DHT node accepted our peer record; the heartbeat tries again soon")
+            self._refused.set()
+            logger.warning(f"No DHT node accepted our peer record ({reason}); the heartbeat tries again soon")
         return stored
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -257,14 +260,22 @@ class Volunteer:
         coordinator plan its peer out; so a refused store is tried again within a second. Further refusals double
         the wait up to T/6, which still tries thrice within the T/2 the last stored record has left: at 64 peers on
         2 cores (benchmarks/swarm_scale.py) an overloaded DHT refused 1,500 stores, and a retry every second for
-        each peer kept it overloaded."""
+        each peer kept it overloaded. A refused store of news (new links, an accepted plan) is retried the same way,
+        rather than left to the next heartbeat: the coordinator may be waiting for those links to publish a plan."""
+        first_retry_s, max_retry_s = min(1.0, self.config.ttl_s / 10), self.config.ttl_s / 6
         retry_s = None
         while True:
-            await asyncio.sleep(self.config.ttl_s / 2 if retry_s is None else retry_s)
+            if retry_s is None:
+                self._refused.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._refused.wait(), timeout=self.config.ttl_s / 2)
+                    retry_s = first_retry_s  # another store of ours was refused
+            if retry_s is not None:
+                await asyncio.sleep(retry_s)
             if await self.publish_record("heartbeat"):
                 retry_s = None
             else:
-                retry_s = min(2 * retry_s if retry_s else min(1.0, self.config.ttl_s / 10), self.config.ttl_s / 6)
+                retry_s = min(2 * retry_s if retry_s else first_retry_s, max_retry_s)
 
     async def _watch(self) -> None:
         while True:
