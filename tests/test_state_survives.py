@@ -17,6 +17,7 @@ same data with no failure, and so does the loss of every step each client logged
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
@@ -169,7 +170,9 @@ def _play(scenario: Scenario, swarm: LocalSwarm, tmp: Path, found: dict) -> None
     coordinator.stop()
     scenario.observer.shutdown()
     scenario.observer = None
-    resume_at = newest_complete_checkpoint(tmp)
+    state_file = swarm.workdir / "coordinator.key.state.json"
+    resume_at = newest_complete_checkpoint(tmp, recorded=recorded_checkpoints(state_file))
+    assert resume_at is not None and resume_at > fourth.step, (resume_at, fourth.step)
     last = found["last_step"] = resume_at + 2 * EVERY
     assert last in SWARM_RUN.states_after, f"the golden run keeps no parameters after step {last}: lengthen it"
     sizes = scenario.log_sizes()
@@ -204,14 +207,26 @@ def _export(out: Path, args: list[str]) -> dict[str, torch.Tensor]:
     return load_file(out / "model.safetensors")
 
 
-def newest_complete_checkpoint(tmp: Path) -> int | None:
-    """The newest step whose checkpoints, in all the clients' folders together, cover every layer."""
+def newest_complete_checkpoint(tmp: Path, recorded: dict[int, set[int]] | None = None) -> int | None:
+    """The newest step whose checkpoints, in all the clients' folders together, cover every layer; with `recorded`,
+    among the steps the coordinator recorded for every layer too."""
     covered: dict[int, set[int]] = {}
     for folder in tmp.glob("ckpt*"):
         for meta in CheckpointDir(folder, SWARM).list():
             covered.setdefault(meta.step, set()).update(range(*meta.layers))
-    complete = [step for step, layers in covered.items() if layers == set(range(TINY.n_layers))]
+    every_layer = set(range(TINY.n_layers))
+    complete = [step for step, layers in covered.items()
+                if layers == every_layer and (recorded is None or recorded.get(step) == every_layer)]
     return max(complete, default=None)
+
+
+def recorded_checkpoints(state_file: Path) -> dict[int, set[int]]:
+    """Step → the layers whose checkpoint root the coordinator recorded, from its state file: a resume counts only
+    those (coordinator/checkpoint_ledger.py), and a stop can come between a saver's checkpoint and the coordinator's
+    next read of its record."""
+    state = json.loads(state_file.read_text())
+    return {int(step): {layer for bounds in roots for layer in range(*map(int, bounds.split("-")))}
+            for step, roots in state["checkpoints"].items()}
 
 
 @pytest.mark.timeout(900)
