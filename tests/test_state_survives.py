@@ -31,6 +31,7 @@ from hetswarm.client.local.swarm import LocalSwarm, PeerProcess
 from hetswarm.client.peer.hivemind_compat import load_identity
 from hetswarm.client.training.checkpoints import CheckpointDir
 from hetswarm.client.training.stage_state import units_of_layers
+from hetswarm.coordinator.checkpoint_ledger import CheckpointLedger
 from hetswarm.protocol.identity import peer_id_of
 from hetswarm.protocol.keys import ASSIGNMENT_FIELD, PROGRESS_FIELD
 from hetswarm.protocol.record_store import SwarmRecords
@@ -224,9 +225,8 @@ def recorded_checkpoints(state_file: Path) -> dict[int, set[int]]:
     """Step → the layers whose checkpoint root the coordinator recorded, from its state file: a resume counts only
     those (coordinator/checkpoint_ledger.py), and a stop can come between a saver's checkpoint and the coordinator's
     next read of its record."""
-    state = json.loads(state_file.read_text())
-    return {int(step): {layer for bounds in roots for layer in range(*map(int, bounds.split("-")))}
-            for step, roots in state["checkpoints"].items()}
+    ledger = CheckpointLedger.from_json(json.loads(state_file.read_text())["checkpoints"])
+    return {step: {layer for bounds in roots for layer in range(*bounds)} for step, roots in ledger.recorded.items()}
 
 
 @pytest.mark.timeout(900)
