@@ -128,7 +128,7 @@ class Replanner:
             return None
         view = build_view(records)
         if awaited := self.measuring.awaited(view, now, self._changed_at):
-            self._refuse(f"Waiting for {awaited} links to be measured", logging.INFO)
+            self._refuse(f"Waiting for {awaited} to be measured", logging.INFO)
             return None
         if current is None:
             reason = f"initial plan for {len(members)} peers"

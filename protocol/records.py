@@ -362,8 +362,10 @@ class Refusals(_Record):
 
 class LinkRequests(_Record):
     """Links the coordinator asks to be measured before it publishes a plan that relies on them: they were
-    estimated (coordinator/link_estimate.py). The end with the smaller id measures each, as its plan's partners
-    (protocol/measurement_policy.py); the coordinator then prices the plan on the measurements."""
+    estimated (coordinator/link_estimate.py). Each pair is (measurer, target): the coordinator chooses the end
+    that measures, so that no peer has many links to probe one after another (coordinator/measurement_wait.py);
+    the measurer probes the link as its plan's partners, and the coordinator then prices the plan on the
+    measurements."""
 
     coordinator_id: _PeerIdStr
     pairs: list[tuple[_PeerIdStr, _PeerIdStr]]
@@ -377,6 +379,6 @@ class LinkRequests(_Record):
             raise ValueError("a link joins two different peers")
         return pairs
 
-    def partners_of(self, peer: PeerId) -> frozenset[PeerId]:
-        """The peers whose link with `peer` is asked for."""
-        return frozenset(b if a == peer else a for a, b in self.pairs if peer in (a, b))
+    def targets_of(self, peer: PeerId) -> frozenset[PeerId]:
+        """The peers whose link with `peer` the coordinator asks `peer` to measure."""
+        return frozenset(target for measurer, target in self.pairs if measurer == peer)

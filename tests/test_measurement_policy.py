@@ -74,14 +74,36 @@ def test_the_first_round_the_coordinator_waits_for_is_what_the_policy_yields():
         assert n * K / 2 * 0.8 < expected_links(n) <= fewest
 
 
-def test_link_requests_are_bounded_join_two_peers_and_name_each_peers_partners():
+def test_link_requests_are_bounded_join_two_peers_and_name_what_each_peer_measures():
     a, b, c = sorted(swarm(3))
-    requests = LinkRequests(coordinator_id=a, pairs=[(a, b), (b, c)], updated_at=0.0)
-    assert requests.partners_of(b) == {a, c} and requests.partners_of(a) == {b}
+    requests = LinkRequests(coordinator_id=a, pairs=[(a, b), (c, b)], updated_at=0.0)
+    assert requests.targets_of(a) == {b} and requests.targets_of(c) == {b} and not requests.targets_of(b)
     with pytest.raises(pydantic.ValidationError, match="two different peers"):
         LinkRequests(coordinator_id=a, pairs=[(a, a)], updated_at=0.0)
     with pytest.raises(pydantic.ValidationError, match="exceed the limit"):
         LinkRequests(coordinator_id=a, pairs=[(a, b)] * (MAX_REQUESTED_LINKS + 1), updated_at=0.0)
+
+
+def test_a_peer_measures_the_link_it_is_asked_for_whichever_end_has_the_smaller_id(monkeypatch):
+    """The coordinator names the end that measures an asked link (coordinator/measurement_wait.py): the peer with
+    the largest id, which measures none of the links it chooses itself, probes the one it is asked for, and no
+    other; a request that names the other end as measurer asks nothing of it."""
+    peers = swarm(6)
+    low, high = min(peers), max(peers)
+    others = {peer: r for peer, r in peers.items() if peer != high}
+    prober = LinkProber(SimpleNamespace(peer_id=high, p2p=None, config=SimpleNamespace(swarm="policy")),
+                        VolunteerConfig())
+    probed = []
+
+    async def measure(_p2p, peer, **_options) -> LinkMeasurement:
+        probed.append(peer.to_base58())
+        return LinkMeasurement(latency_ms=1.0, bandwidth_mbps=1.0, measured_at=get_dht_time(), samples=1)
+
+    monkeypatch.setattr(link_prober, "measure_link", measure)
+    assert not asyncio.run(prober.round(others)) and not probed
+    assert not prober.ask(LinkRequests(coordinator_id=low, pairs=[(low, high)], updated_at=0.0))
+    assert prober.ask(LinkRequests(coordinator_id=low, pairs=[(high, low)], updated_at=0.0))
+    assert asyncio.run(prober.round(others)) and probed == [low]
 
 
 def test_a_link_asked_for_while_a_round_runs_is_probed_next_and_ends_the_round(monkeypatch):

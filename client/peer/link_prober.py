@@ -3,14 +3,15 @@
 Each peer measures at most `max_links` links (protocol/measurement_policy.py says which: the plan's, its site's,
 a rotating sample), and each pair is measured by its peer with the smaller id: half the probe traffic, and no probe's
 pings wait behind the other side's payload on the same link; links count as symmetric, as the paper's model has
-them. A round measures the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`,
-choosing each probe after the last (a link asked for meanwhile goes next); a measurement is taken again after
-`reprobe_s`, which is also how long the sample stays the same. Within one such epoch at most `max_links` other peers
-are probed, also while the view grows and the chosen links shift; the plan's partners and the links the coordinator
-asks for (at most half the budget at any time) are probed besides, so that a new plan's links are measured at once,
-not an epoch later. A peer whose probe failed (crashed, until its record expires; or serving no probe handler) is
-tried again only after an exponential backoff, so that it never makes the prober spin. Between probes, the frames
-this peer sends over a link it measures update that link (`observe`).
+them. A link the coordinator asks for is measured by the end it names, whichever id is smaller. A round measures
+the unmeasured peers first, then the stalest measurements, at most `max_probes_per_round`, choosing each probe
+after the last (a link asked for meanwhile goes next); a measurement is taken again after `reprobe_s`, which is also
+how long the sample stays the same. Within one such epoch at most `max_links` other peers are probed, also while the
+view grows and the chosen links shift; the plan's partners and the links the coordinator asks for (at most half the
+budget at any time) are probed besides, so that a new plan's links are measured at once, not an epoch later. A peer
+whose probe failed (crashed, until its record expires; or serving no probe handler) is tried again only after an
+exponential backoff, so that it never makes the prober spin. Between probes, the frames this peer sends over a link
+it measures update that link (`observe`).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class LinkProber:
         """`partners`: the peers the plan in force has this one exchange with, now (their links come first)."""
         self.node, self.config, self.partners = node, config, partners
         self.asked: frozenset[str] = frozenset()
-        """The peers whose link with us the coordinator asks to be measured first (protocol/records.py:
+        """The peers whose link with us the coordinator asks us to measure first (protocol/records.py:
         LinkRequests); measured as the plan's partners are."""
         self.links: dict[str, LinkMeasurement] = {}
         self._failures: dict[str, int] = {}
@@ -80,7 +81,7 @@ class LinkProber:
 
     def ask(self, requests: LinkRequests | None) -> bool:
         """Takes the coordinator's current requests; whether they changed what we are asked for."""
-        asked = requests.partners_of(self.node.peer_id) if requests is not None else frozenset()
+        asked = requests.targets_of(self.node.peer_id) if requests is not None else frozenset()
         changed, self.asked = asked != self.asked, asked
         return changed
 
@@ -116,14 +117,15 @@ class LinkProber:
         return min(due, key=lambda p: self.links[p].measured_at if p in self.links else -1.0, default=None)
 
     def _mine(self, peers: Mapping[str, PeerRecord]) -> list[str]:
-        """The peers whose link to us we measure: those of the chosen links with a larger id (module docstring)."""
+        """The peers whose link to us we measure: those of the chosen links with a larger id, and those the
+        coordinator asks us for (module docstring)."""
         me, epoch = self.node.peer_id, int(get_dht_time() // self.config.reprobe_s)
         if epoch != self._epoch:
             self._epoch, self._probed = epoch, set()
         partners = self._waited_for()
         chosen = links_to_measure(me, peers, site=self.config.site, partners=partners,
                                   budget=self.config.max_links, epoch=epoch)
-        mine = [p for p in chosen if p > me]
+        mine = [p for p in chosen if p > me or p in self.asked]
         first = [p for p in mine if p in partners or p in self._probed]
         room = max(self.config.max_links - len(self._probed - partners), 0)
         return first + [p for p in mine if p not in first][:room]
