@@ -79,8 +79,12 @@ def balanced(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     measurer = {pair: pair[0] for pair in dict.fromkeys(pairs)}
     while chain := _chain_to_lighter(measurer):
         for a, b in chain:
-            measurer[a, b] = b if measurer[a, b] == a else a
-    return tuple((m, b if m == a else a) for (a, b), m in measurer.items())
+            measurer[a, b] = _other_end((a, b), measurer[a, b])
+    return tuple((m, _other_end(pair, m)) for pair, m in measurer.items())
+
+
+def _other_end(pair: tuple[str, str], peer: str) -> str:
+    return pair[1] if peer == pair[0] else pair[0]
 
 
 def _chain_to_lighter(measurer: dict[tuple[str, str], str]) -> list[tuple[str, str]]:
@@ -88,8 +92,8 @@ def _chain_to_lighter(measurer: dict[tuple[str, str], str]) -> list[tuple[str, s
     when no such chain exists."""
     load = Counter(measurer.values())
     measures = defaultdict(list)
-    for (a, b), m in measurer.items():
-        measures[m].append(((a, b), b if m == a else a))
+    for pair, m in measurer.items():
+        measures[m].append((pair, _other_end(pair, m)))
     most = max(load.values(), default=0)
     for start in sorted(peer for peer, n in load.items() if n == most):
         came_by = {start: None}
