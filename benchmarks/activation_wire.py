@@ -12,10 +12,17 @@ through the option's gradient codec:
 * `aq-sgd`: the project's own ends of a link (client/training/activation_deltas.py, a sender's and a receiver's
   DeltaBuffers with their checksums): the first pass whole in 8 bits, then 4-bit deltas; gradients in 8 bits;
 * `adaptive:T`: as `aq-sgd`, but a frame whose 4-bit delta would leave more than T times the error of sending the
-  activation whole in 8 bits is sent whole (its sender forgets the copy first, as after a refused delta).
+  activation whole in 8 bits is sent whole (its sender forgets the copy first, as after a refused delta);
+* `bw4`: activations in 8 bits, gradients in 4; `aq-bw4`: `aq-sgd` with gradients in 4 bits (the pipeline wire of
+  the `aq-powersgd` policy), `aq-bw4-stochastic` with them rounded as `bw4-stochastic`'s;
+* `bw4-stochastic`: as `bw4`, the gradients' levels rounded up or down at random in proportion to their distance
+  (stochastic rounding: the received gradient's expectation is the gradient, where rounding to the nearest level
+  sends each block's values below 1/14 of its largest as zero).
 
-The replicas' gradients are averaged exactly (fp32) and applied by the stages' AdamW with the plan's learning-rate
-warm-up, every option from the same seed on the same repeating data order. Per stretch of the run: the mean loss;
+An option is `<wire>[+<all-reduce>]`: the replicas' gradients are averaged exactly (fp32), or by an all-reduce option
+of benchmarks/gradient_options.py with its error feedback (`8bit+powersgd:0.25` is the `powersgd` policy's wire),
+and applied by the stages' AdamW with the plan's learning-rate warm-up, every option from the same seed on the same
+repeating data order. Per stretch of the run: the mean loss;
 the activations' relative change since the sample's copy (‖a − m‖ / ‖a‖) and the relative error of what the
 receiver trains on (‖â − a‖ / ‖a‖), over the frames after the first pass; for `aq-sgd`, the share of those frames
 whose 4-bit delta is within T× of 8-bit whole's error for a few T (what `adaptive:T` would send as deltas); for
@@ -30,21 +37,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from gradient_options import seeded_training  # benchmarks/ is on sys.path when run as a script
+from gradient_options import Option, averaged_gradients, parse_option, seeded_training  # benchmarks/ is on sys.path
 from results import command_line, revision, write_section
 
 from hetswarm.client.training.activation_deltas import DeltaBuffers, Sample
-from hetswarm.client.training.reference import micro_batch_loss, step_batches
+from hetswarm.client.training.reference import step_batches
 from hetswarm.protocol.codecs import decode_tensor, round_trip
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
-from hetswarm.protocol.wire_format import Codec
+from hetswarm.protocol.wire_format import BLOCK_VALUES, Codec
 
 STRETCHES = 6
+WIRES = ("fp16", "8bit", "aq-sgd", "adaptive", "bw4", "bw4-stochastic", "aq-bw4", "aq-bw4-stochastic")
 TOLERANCES = (1.0, 2.0, 4.0)
 """The T of `adaptive:T` whose share of delta frames an `aq-sgd` run reports."""
 
@@ -69,12 +78,16 @@ class Wire:
 
     def __init__(self, option: str) -> None:
         name, _, tolerance = option.partition(":")
-        if name not in ("fp16", "8bit", "aq-sgd", "adaptive"):
-            raise SystemExit(f"unknown option {option!r}: fp16, 8bit, aq-sgd or adaptive:T")
-        self.gradients: Codec = "fp16" if name == "fp16" else "8bit"
-        self.codec: Codec = self.gradients
+        if name not in WIRES:
+            raise SystemExit(f"unknown wire {option!r}: {', '.join(WIRES)} (adaptive:T)")
+        self.codec: Codec = "fp16" if name == "fp16" else "8bit"
+        self.gradients: Callable[[torch.Tensor], torch.Tensor] = partial(round_trip, codec=self.codec)
+        if name in ("bw4", "aq-bw4"):
+            self.gradients = partial(round_trip, codec="4bit")
+        if name.endswith("bw4-stochastic"):
+            self.gradients = partial(stochastic_round_trip, levels=7, generator=torch.Generator().manual_seed(0))
         self.tolerance = float(tolerance) if name == "adaptive" else None
-        self.sends_deltas = name != self.codec
+        self.sends_deltas = name in ("aq-sgd", "adaptive") or name.startswith("aq-bw4")
         self.links: dict[tuple[int, int], tuple[DeltaBuffers, DeltaBuffers]] = {}
         self.copies: dict[tuple[int, int], dict[Sample, torch.Tensor]] = {}
         """Each link's copy of each sample, as both ends hold it (DeltaBuffers keeps its own to itself): what a delta
@@ -115,17 +128,36 @@ class Wire:
         return stats
 
 
+def stochastic_round_trip(tensor: torch.Tensor, *, levels: int, generator: torch.Generator) -> torch.Tensor:
+    """`tensor` through blockwise absmax quantization to `levels` levels each side of zero (protocol/codecs.py's
+    blocks and scales), each value rounded to one of its two nearest levels at random, unbiased."""
+    values = tensor.reshape(-1).to(torch.float32)
+    padded = torch.nn.functional.pad(values, (0, -values.numel() % BLOCK_VALUES)).view(-1, BLOCK_VALUES)
+    scale = padded.abs().amax(dim=1, keepdim=True) / levels
+    scaled = padded / torch.where(scale > 0, scale, 1.0)
+    quantized = torch.floor(scaled + torch.rand(scaled.shape, generator=generator)).clamp_(-levels, levels)
+    return (quantized * scale).view(-1)[: values.numel()].view(tensor.shape)
+
+
 class _Boundary(torch.autograd.Function):
     """Forward: what the receiver trains on; backward: the gradient as the sender receives it."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, received: torch.Tensor, codec: Codec) -> torch.Tensor:
-        ctx.codec = codec
+    def forward(ctx, x: torch.Tensor, received: torch.Tensor,
+                gradients: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        ctx.gradients = gradients
         return received.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return round_trip(grad, ctx.codec), None, None
+        return ctx.gradients(grad), None, None
+
+
+def parse(option: str) -> tuple[Wire, Option]:
+    """`<wire>[+<all-reduce>]`: the boundaries' wire option and the replicas' averaging (benchmarks/gradient_options.py's
+    options; exact by default)."""
+    wire, _, allreduce = option.partition("+")
+    return Wire(wire), parse_option(allreduce or "none")
 
 
 @dataclass(frozen=True)
@@ -142,7 +174,7 @@ def train(option: str, model: ModelConfig, *, steps: int, replicas: int, d_pp: i
     """Trains `model` from seed 0 with `option` at every stage boundary (module docstring)."""
     torch.set_num_threads(1)
     module, _, config, optimizer, data = seeded_training(model)
-    wire = Wire(option)
+    wire, allreduce = parse(option)
     cut_after = [end - 1 for _, end in model.stage_layers(d_pp)[:-1]]
     where: dict[str, object] = {}
 
@@ -154,17 +186,16 @@ def train(option: str, model: ModelConfig, *, steps: int, replicas: int, d_pp: i
         return hook
 
     hooks = [module.blocks[str(layer)].register_forward_hook(boundary(layer)) for layer in cut_after]
+    residuals = [[torch.zeros_like(p) for p in module.parameters()] for _ in range(replicas)]
     losses, frames, started = [], [], time.perf_counter()
     for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
         batches = step_batches(data, model, step=model.data_step(step), n_pipelines=replicas)
-        for replica, micro_batches in enumerate(batches):
-            for micro_batch, (inputs, targets) in enumerate(micro_batches):
-                where.update(replica=replica, step=step, sample=(model.data_step(step), micro_batch))
-                part = micro_batch_loss(module(inputs), targets, micro_batches=model.micro_batches) / replicas
-                part.backward()
-                loss += part.item()
+
+        def before(replica: int, micro_batch: int) -> None:
+            where.update(replica=replica, step=step, sample=(model.data_step(step), micro_batch))
+
+        loss, residuals = averaged_gradients(module, allreduce, residuals, batches, model=model, step=step,
+                                             before_micro_batch=before)
         config.set_step_lr(optimizer, model, step)
         optimizer.step()
         losses.append(loss)
@@ -214,7 +245,7 @@ def main() -> None:
     model = get_model_config(args.model, data_period=args.data_period, lr_warmup_steps=args.lr_warmup_steps)
     options = args.options.split(",")
     for option in options:
-        Wire(option)  # refuses an unknown option before any training
+        parse(option)  # refuses an unknown option before any training
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(partial(train, model=model, steps=args.steps, replicas=args.replicas, d_pp=args.d_pp),
                              options))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +133,30 @@ def seeded_training(model: ModelConfig
     return module, parameters, config, config.build_optimizer(parameters), TokenSource.from_path(None, seed=0)
 
 
+def averaged_gradients(module: torch.nn.Module, option: Option, residuals: list[list[torch.Tensor]],
+                       batches: list[list[tuple[torch.Tensor, torch.Tensor]]], *, model: ModelConfig, step: int,
+                       before_micro_batch: Callable[[int, int], None] | None = None
+                       ) -> tuple[float, list[list[torch.Tensor]]]:
+    """One step of R replicas (`batches`: each one's micro-batches): each one's gradient, its residual added,
+    averaged by `option` into the parameters' gradients. The step's loss and the replicas' new residuals;
+    `before_micro_batch(replica, micro_batch)` is told which one runs next."""
+    parameters, members, loss = list(module.parameters()), [], 0.0
+    for replica, micro_batches in enumerate(batches):
+        for parameter in parameters:
+            parameter.grad = None
+        for micro_batch, (inputs, targets) in enumerate(micro_batches):
+            if before_micro_batch is not None:
+                before_micro_batch(replica, micro_batch)
+            part = micro_batch_loss(module(inputs), targets, micro_batches=model.micro_batches)
+            part.backward()
+            loss += part.item() / len(batches)
+        members.append([p.grad + r for p, r in zip(parameters, residuals[replica])])
+    averages, residuals = option.average(members, step)
+    for parameter, average in zip(parameters, averages):
+        parameter.grad = average.clone()
+    return loss, residuals
+
+
 def train(option: Option, model: ModelConfig, *, steps: int, replicas: int) -> Trained:
     """Trains `model` from seed 0 with `option` averaging its replicas' gradients, with the plan's learning-rate
     warm-up as the stages apply it (StageConfig.set_step_lr)."""
@@ -140,18 +164,8 @@ def train(option: Option, model: ModelConfig, *, steps: int, replicas: int) -> T
     residuals = [[torch.zeros_like(p) for p in parameters] for _ in range(replicas)]
     losses, started = [], time.perf_counter()
     for step in range(steps):
-        members, loss = [], 0.0
         batches = step_batches(data, model, step=model.data_step(step), n_pipelines=replicas)
-        for pipeline, micro_batches in enumerate(batches):
-            optimizer.zero_grad(set_to_none=True)
-            for inputs, targets in micro_batches:
-                part = micro_batch_loss(module(inputs), targets, micro_batches=model.micro_batches)
-                part.backward()
-                loss += part.item() / replicas
-            members.append([p.grad + r for p, r in zip(parameters, residuals[pipeline])])
-        averages, residuals = option.average(members, step)
-        for parameter, average in zip(parameters, averages):
-            parameter.grad = average.clone()
+        loss, residuals = averaged_gradients(module, option, residuals, batches, model=model, step=step)
         config.set_step_lr(optimizer, model, step)
         optimizer.step()
         losses.append(loss)

@@ -14,7 +14,12 @@ Error bounds, which tests/test_codecs.py holds them to:
  * fp32: none;
  * fp16: |x - x̂| ≤ 2^-11·|x| for |x| in fp16's normal range (2^-14 to 65504); larger values saturate;
  * 8bit, 4bit, 2bit: |x - x̂| ≤ m/(2L), m the largest magnitude in x's block and L = 127, 7, 1 the levels each side
-   of zero; zeros stay zeros.
+   of zero; zeros stay zeros;
+ * the same rounded at random (a `rounding_seed`): x̂ is one of the two levels around x, the upper with a probability
+   of x's distance from the lower, so |x - x̂| < m/L and x̂'s expectation is x (stochastic rounding: Gupta et al.
+   2015, "Deep Learning with Limited Numerical Precision"). Rounding to the nearest of 7 levels sends every value
+   below m/14 as zero, each time: the activation gradients of samples a model has nearly learned are such values,
+   and a 4-bit backward that drops them stalls the end of training (protocol/wire_format.py, ROUNDED_AT_RANDOM).
 
 The blockwise payloads are hetswarm's own (scales, then the levels: one int8 per value for 8bit, offset by L and
 packed two or four to a byte for 4bit and 2bit) under the ``BLOCKWISE_8BIT`` label, the only blockwise type hivemind's
@@ -58,7 +63,11 @@ class BlockwiseQuantizer(CompressionBase):
         self.per_byte = 8 // bits
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
-        """Quantized on the tensor's own device, so a GPU stage copies its levels to the host, not its floats."""
+        return self.quantize(tensor)
+
+    def quantize(self, tensor: torch.Tensor, *, rounding_seed: int | None = None) -> runtime_pb2.Tensor:
+        """Quantized on the tensor's own device, so a GPU stage copies its levels to the host, not its floats; each
+        value to its nearest level, or with `rounding_seed` to one of its two nearest at random (module docstring)."""
         values = tensor.detach().reshape(-1).to(torch.float32)
         blocks = _blocks(values.numel())
         padded = torch.nn.functional.pad(values, (0, blocks * BLOCK_VALUES - values.numel())).view(blocks, BLOCK_VALUES)
@@ -66,7 +75,13 @@ class BlockwiseQuantizer(CompressionBase):
         # divided by a tensor: CUDA divides by a scalar as a product with its reciprocal, which can round differently
         # from the CPU's quotient, and every device must send the same bytes for the same values
         scale = largest / torch.full_like(largest, self.levels)
-        quantized = torch.round(padded / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(-self.levels, self.levels)
+        scaled = padded / torch.where(scale > 0, scale, 1.0)[:, None]
+        if rounding_seed is None:
+            quantized = torch.round(scaled)
+        else:  # up with a probability of the distance from the level below: what the receiver gets averages to x
+            generator = torch.Generator(scaled.device).manual_seed(rounding_seed)
+            quantized = torch.floor(scaled + torch.rand(scaled.shape, generator=generator, device=scaled.device))
+        quantized.clamp_(-self.levels, self.levels)
         levels = self._pack(quantized.view(-1)[: values.numel()])
         payload = torch.cat([scale.view(torch.uint8), levels.view(torch.uint8)])  # one copy to the host
         return runtime_pb2.Tensor(compression=self.compression_type, size=list(tensor.shape), dtype="float32",
@@ -144,10 +159,11 @@ def wire_bytes(codec: Codec, numel: int) -> int:
     return {"fp32": 4 * numel, "fp16": 2 * numel}[codec]
 
 
-def encode_tensor(tensor: torch.Tensor, codec: Codec) -> runtime_pb2.Tensor:
-    """`tensor` (on any device: quantized or cast there) serialized in `codec`."""
+def encode_tensor(tensor: torch.Tensor, codec: Codec, *, rounding_seed: int | None = None) -> runtime_pb2.Tensor:
+    """`tensor` (on any device: quantized or cast there) serialized in `codec`; a blockwise codec rounds at random
+    with `rounding_seed` (the same seed, device and values give the same bytes)."""
     if codec in _QUANTIZERS:
-        return _QUANTIZERS[codec].compress(tensor, CompressionInfo.from_tensor(tensor))
+        return _QUANTIZERS[codec].quantize(tensor, rounding_seed=rounding_seed)
     return serialize_torch_tensor(_host(tensor.detach().to(_DTYPES[codec])))  # cast first: fewer bytes to copy
 
 

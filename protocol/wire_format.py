@@ -15,7 +15,7 @@ Compression with Guarantees") send, for a sample the link has carried before, on
 since then, in 4 or 2 bits: both ends keep the last activation of each sample (client/training/activation_deltas.py).
 It needs samples that recur, which ``ModelConfig.data_period`` gives; the first pass over them is sent whole.
 Activation gradients do not recur, so they go whole, in as few as 4 bits (AQ-SGD's lightest backward, "bw4"): the
-`aq-powersgd` policy sends them so.
+`aq-powersgd` policy sends them so, rounded at random (ROUNDED_AT_RANDOM).
 
 A sparse all-reduce (``allreduce_density``) averages, each step, only a random sample of the gradient's blocks of
 SAMPLE_BLOCK_VALUES values, the same on every member and drawn from the step alone, so no indices travel; the
@@ -47,7 +47,7 @@ from typing import Any, Literal
 from hetswarm.protocol.model_config import ModelConfig
 
 __all__ = ["ACTIVATION_GRADIENT_CODECS", "BLOCK_VALUES", "BYTES_PER_VALUE", "CODECS", "COMPRESSION_POLICIES",
-           "DELTA_CODECS", "DELTA_POLICIES", "Codec", "CompressionPolicy", "LOW_RANK_SHARE",
+           "DELTA_CODECS", "DELTA_POLICIES", "Codec", "CompressionPolicy", "LOW_RANK_SHARE", "ROUNDED_AT_RANDOM",
            "SAMPLE_BLOCK_VALUES", "SPARSE_DENSITY", "WireFormat", "candidate_wires"]
 
 Codec = Literal["fp32", "fp16", "8bit", "4bit", "2bit"]
@@ -57,6 +57,12 @@ DELTA_CODECS: tuple[Codec, ...] = ("4bit", "2bit")
 """The codecs of activation deltas (a change is small, so fewer levels lose little; AQ-SGD sends 2 to 4 bits)."""
 ACTIVATION_GRADIENT_CODECS: tuple[Codec, ...] = (*CODECS, "4bit")
 """The codecs of activation gradients sent backward: AQ-SGD sends them in 4 to 8 bits, twice its forward deltas'."""
+ROUNDED_AT_RANDOM: tuple[Codec, ...] = ("4bit",)
+"""Activation gradients in these codecs are rounded at random, unbiased (protocol/codecs.py), each frame's rounding
+drawn from its place in the run (stage, pipeline, step, micro-batch), so a retried step sends the same bytes. Rounded
+to the nearest level, 4-bit gradients stall the end of training: in benchmarks/activation_wire.py's 300 steps of the
+bandwidth-bound layout's model (RESULTS.md `activation-gradient-rounding`), the last 20 steps' loss +40 % over 8-bit
+gradients, +5 % rounded at random."""
 
 BLOCK_VALUES = 256
 """Values per block of the 8-bit codec, each block sent with its float32 scale."""

@@ -165,6 +165,25 @@ def test_aq_powersgd_sends_deltas_4bit_activation_gradients_and_factors_and_pric
         PlannerConfig(model=get_model_config("small"), compression="aq-powersgd")
 
 
+def test_4bit_activation_gradients_are_rounded_at_random_by_their_place_in_the_run():
+    """A frame of 4-bit gradients is rounded at random (protocol/wire_format.py, ROUNDED_AT_RANDOM), drawn from its
+    stage, pipeline, step and micro-batch alone: its retry sends the same bytes, another frame other rounding, and the
+    frames' mean tends to the gradient, where rounding to the nearest level sends this small gradient as zeros."""
+    wire, = candidate_wires("aq-powersgd", get_model_config("small", data_period=10))
+    plan = StreamPlan(assignment_version=1, pipeline=1, stage=2, micro_batches=4, shape=SHAPE, wire=wire,
+                      previous=None, next=None, data_period=10)
+    gradient = torch.full(SHAPE, 0.01)
+    gradient.view(-1)[::256] = 1.0  # each block's largest: 0.01 is below half of its 4-bit level, 1/7
+    assert (round_trip(gradient, "4bit") == gradient.where(gradient == 1.0, 0.0)).all()
+    frames = [plan.whole_frame("gradients", gradient, "4bit", step=step, micro_batch=m) for step in range(50)
+              for m in range(4)]
+    assert frames[0] == plan.whole_frame("gradients", gradient, "4bit", step=0, micro_batch=0) != frames[1]
+    mean = torch.stack([decode_tensor(frame, "4bit") for frame in frames]).mean(dim=0)
+    assert abs(float(mean[gradient == 0.01].mean()) - 0.01) < 0.001
+    for kind, codec in (("gradients", "8bit"), ("activations", "4bit")):  # sent as encode_frame encodes them
+        assert plan.whole_frame(kind, gradient, codec, step=0, micro_batch=0) is gradient
+
+
 def test_a_plan_whose_copies_do_not_fit_is_refused_with_what_they_need():
     plan = StreamPlan(assignment_version=1, pipeline=0, stage=0, micro_batches=4, shape=(8, 2048, 2048), wire=AQ_SGD,
                       previous=None, next=None, data_period=1000)

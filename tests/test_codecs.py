@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hetswarm.client.training.error_feedback import ErrorFeedback
-from hetswarm.protocol.codecs import encode_tensor, round_trip, wire_bytes
+from hetswarm.protocol.codecs import decode_tensor, encode_tensor, round_trip, wire_bytes
 from hetswarm.protocol.model_config import get_model_config
 from hetswarm.protocol.wire_format import BLOCK_VALUES, WireFormat, candidate_wires
 
@@ -50,6 +50,25 @@ def test_blockwise_codecs_are_within_half_a_level_of_their_block_and_keep_zeros(
                          ids=["zeros", "single", "symmetric"])
 def test_blockwise_codecs_send_a_block_of_one_magnitude_exactly(codec, x):
     assert torch.equal(round_trip(x, codec), x)
+
+
+@pytest.mark.parametrize("codec", list(_LEVELS))
+def test_rounding_at_random_stays_within_a_level_and_averages_to_the_values(codec):
+    """What 4-bit activation gradients are sent with (ROUNDED_AT_RANDOM): one of the two levels around each value,
+    unbiased, so values below half a level are not always zero; the same seed sends the same bytes."""
+    x = _samples()["heavy-tailed"].reshape(-1)[:4093]
+    x[:BLOCK_VALUES // 2] = 0.0
+    blocks = torch.nn.functional.pad(x, (0, -x.numel() % BLOCK_VALUES)).view(-1, BLOCK_VALUES)
+    level = (blocks.abs().amax(dim=1) / _LEVELS[codec]).repeat_interleave(BLOCK_VALUES)[: x.numel()]
+    draws = torch.stack([decode_tensor(encode_tensor(x, codec, rounding_seed=seed), codec) for seed in range(400)])
+    assert ((draws - x).abs() < level * (1 + 1e-5)).all()
+    assert (draws[:, : BLOCK_VALUES // 2] == 0).all()
+    small = (x.abs() < level / 2) & (x != 0)  # what rounding to the nearest level sends as zero, every time
+    assert small.sum() > 100 and (round_trip(x, codec)[small] == 0).all()
+    # the mean of 400 draws is within 4 standard errors of each value (a draw's spread is at most half a level)
+    assert ((draws.mean(dim=0) - x).abs() <= 4 * (level / 2) / math.sqrt(len(draws)) + 1e-30).all()
+    assert encode_tensor(x, codec, rounding_seed=7) == encode_tensor(x, codec, rounding_seed=7)
+    assert encode_tensor(x, codec, rounding_seed=7) != encode_tensor(x, codec, rounding_seed=8)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -10,7 +10,8 @@ must never have had to resync. Compressed training stays near the fp32 reference
 With activation deltas (AQ-SGD) and a data order that repeats every 2 steps, the first pass is sent whole and the
 next two as 4-bit deltas; a send that fails after delivery at step 2 (a delta) makes the plan retry the step, and the
 retry must start from the same activation copies, so that the run again equals its fault-free twin. The wire is
-`aq-powersgd`'s, the lightest: the deltas with 4-bit activation gradients and a low-rank all-reduce on top.
+`aq-powersgd`'s, the lightest: the deltas with 4-bit activation gradients and a low-rank all-reduce on top. Its
+gradients are rounded at random, each frame by its place in the run, so the retry rounds them as the first try did.
 
 With a codec per hop and per stage group (`auto`'s per-link wire), the replicas stay identical.
 

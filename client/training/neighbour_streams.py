@@ -26,6 +26,7 @@ adds it to its copy, and both take the new copies when the step commits (``Neigh
 """
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -43,9 +44,10 @@ from hivemind.utils.asyncio import as_aiter
 from hetswarm.client.peer.served import Served
 from hetswarm.client.training.activation_deltas import RESEND_WHOLE, DeltaBase, DeltaBuffers, Sample
 from hetswarm.client.training.errors import FrameRefused, NeighbourSilent, StageError, dial_failed
+from hetswarm.protocol.codecs import encode_tensor
 from hetswarm.protocol.framing import Expectation, FrameError, FrameHeader, FrameKind, encode_frame, read_frame
 from hetswarm.protocol.limits import MAX_FRAME_BYTES
-from hetswarm.protocol.wire_format import Codec, WireFormat
+from hetswarm.protocol.wire_format import ROUNDED_AT_RANDOM, Codec, WireFormat
 
 __all__ = ["ActivationServicer", "LinkObserver", "NeighbourStreams", "StreamPlan", "send_frame"]
 
@@ -95,6 +97,17 @@ class StreamPlan:
     def sample(self, step: int, micro_batch: int) -> Sample:
         """Which sample a step's micro-batch is: the same every data_period steps."""
         return step % self.data_period, micro_batch
+
+    def whole_frame(self, kind: FrameKind, tensor: torch.Tensor, codec: Codec, *, step: int, micro_batch: int
+                    ) -> torch.Tensor | runtime_pb2.Tensor:
+        """What encode_frame sends for a whole frame: gradients in a codec of ROUNDED_AT_RANDOM encoded here, rounded
+        at random by the frame's place in the run and nothing else (not the attempt), so that a retried step, and a
+        run that equals this one, send the same bytes; any other tensor as it is, for encode_frame to encode."""
+        if kind != "gradients" or codec not in ROUNDED_AT_RANDOM:
+            return tensor
+        place = f"{self.stage}/{self.pipeline}/{step}/{micro_batch}".encode()
+        seed = int.from_bytes(hashlib.blake2b(place, digest_size=8).digest(), "little") >> 1  # torch takes 63 bits
+        return encode_tensor(tensor, codec, rounding_seed=seed)
 
     def delta_buffers(self, neighbour: PeerID | None) -> DeltaBuffers | None:
         """One end of the activation link with `neighbour`, when the plan sends deltas and there is a neighbour."""
@@ -299,10 +312,11 @@ class NeighbourStreams(Served):
             raise ValueError(f"this stage has no neighbour to send {kind} to")
         tensor, codec, base_crc = tensor.detach(), self.plan.codec(kind, peer), None
         sample = self.plan.sample(step, micro_batch) if self.deltas is not None and kind == "activations" else None
-        sent: torch.Tensor | runtime_pb2.Tensor = tensor
         if sample is not None:
             sent, codec, base_crc = self.deltas.outgoing(tensor.to("cpu", torch.float32), attempt=(step, attempt),
                                                          sample=sample)
+        else:
+            sent = self.plan.whole_frame(kind, tensor, codec, step=step, micro_batch=micro_batch)
         header = FrameHeader.for_tensor(tensor, kind=kind, codec=codec, assignment_version=self.plan.assignment_version,
                                         step=step, attempt=attempt, micro_batch=micro_batch,
                                         pipeline=self.plan.pipeline, base_crc=base_crc)
