@@ -15,9 +15,9 @@ through the option's gradient codec:
   activation whole in 8 bits is sent whole (its sender forgets the copy first, as after a refused delta);
 * `bw4`: activations in 8 bits, gradients in 4; `aq-bw4`: `aq-sgd` with gradients in 4 bits (the pipeline wire of
   the `aq-powersgd` policy), `aq-bw4-stochastic` with them rounded as `bw4-stochastic`'s;
-* `bw4-stochastic`: as `bw4`, the gradients' levels rounded up or down at random in proportion to their distance
-  (stochastic rounding: the received gradient's expectation is the gradient, where rounding to the nearest level
-  sends each block's values below 1/14 of its largest as zero).
+* `bw4-stochastic`: as `bw4`, the gradients rounded at random as the stages send 4-bit gradients
+  (protocol/codecs.py): the received gradient's expectation is the gradient, where rounding to the nearest level
+  sends each block's values below 1/14 of its largest as zero.
 
 An option is `<wire>[+<all-reduce>]`: the replicas' gradients are averaged exactly (fp32), or by an all-reduce option
 of benchmarks/gradient_options.py with its error feedback (`8bit+powersgd:0.25` is the `powersgd` policy's wire),
@@ -35,9 +35,10 @@ benchmarks/RESULTS.md, or --section.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -48,9 +49,9 @@ from results import command_line, revision, write_section
 
 from hetswarm.client.training.activation_deltas import DeltaBuffers, Sample
 from hetswarm.client.training.reference import step_batches
-from hetswarm.protocol.codecs import decode_tensor, round_trip
+from hetswarm.protocol.codecs import decode_tensor, encode_tensor, round_trip
 from hetswarm.protocol.model_config import ModelConfig, get_model_config
-from hetswarm.protocol.wire_format import BLOCK_VALUES, Codec
+from hetswarm.protocol.wire_format import Codec
 
 STRETCHES = 6
 WIRES = ("fp16", "8bit", "aq-sgd", "adaptive", "bw4", "bw4-stochastic", "aq-bw4", "aq-bw4-stochastic")
@@ -85,7 +86,7 @@ class Wire:
         if name in ("bw4", "aq-bw4"):
             self.gradients = partial(round_trip, codec="4bit")
         if name.endswith("bw4-stochastic"):
-            self.gradients = partial(stochastic_round_trip, levels=7, generator=torch.Generator().manual_seed(0))
+            self.gradients = partial(rounded_at_random, seeds=itertools.count())
         self.tolerance = float(tolerance) if name == "adaptive" else None
         self.sends_deltas = name in ("aq-sgd", "adaptive") or name.startswith("aq-bw4")
         self.links: dict[tuple[int, int], tuple[DeltaBuffers, DeltaBuffers]] = {}
@@ -128,15 +129,10 @@ class Wire:
         return stats
 
 
-def stochastic_round_trip(tensor: torch.Tensor, *, levels: int, generator: torch.Generator) -> torch.Tensor:
-    """`tensor` through blockwise absmax quantization to `levels` levels each side of zero (protocol/codecs.py's
-    blocks and scales), each value rounded to one of its two nearest levels at random, unbiased."""
-    values = tensor.reshape(-1).to(torch.float32)
-    padded = torch.nn.functional.pad(values, (0, -values.numel() % BLOCK_VALUES)).view(-1, BLOCK_VALUES)
-    scale = padded.abs().amax(dim=1, keepdim=True) / levels
-    scaled = padded / torch.where(scale > 0, scale, 1.0)
-    quantized = torch.floor(scaled + torch.rand(scaled.shape, generator=generator)).clamp_(-levels, levels)
-    return (quantized * scale).view(-1)[: values.numel()].view(tensor.shape)
+def rounded_at_random(tensor: torch.Tensor, *, seeds: Iterator[int]) -> torch.Tensor:
+    """What a receiver gets for `tensor` sent in 4 bits rounded at random, as the stages send 4-bit gradients
+    (protocol/codecs.py), each frame with the next of `seeds`."""
+    return decode_tensor(encode_tensor(tensor, "4bit", rounding_seed=next(seeds)), "4bit")
 
 
 class _Boundary(torch.autograd.Function):

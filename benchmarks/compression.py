@@ -266,6 +266,8 @@ def main() -> None:
                                           "activation-deltas with --data-period)")
     parser.add_argument("--keep", type=Path, help="folder to save each policy's result in, and to reuse saved "
                                                   "results of the same settings and code from")
+    parser.add_argument("--baseline", type=Path, help="a kept result of the first policy to compare against, "
+                                                      "reused whatever swarm code it trained on (the section names it)")
     args = parser.parse_args()
     period = args.data_period
     policies = (args.policies or ("model,aq-sgd" if period else "model,none,fp16,8bit")).split(",")
@@ -289,6 +291,12 @@ def main() -> None:
     identities = args.keep / "keys" if args.keep else None  # the peers' keys: every policy plans the same peers
     started = time.monotonic()
     for policy in policies:
+        if policy == policies[0] and args.baseline:
+            baseline = KeptResult.load(args.baseline)
+            if baseline.settings != settings:
+                raise SystemExit(f"--baseline {args.baseline} trained with other settings: {baseline.settings}")
+            results[policy], floors[policy] = baseline.phase, baseline.floor_s
+            continue
         if reused := kept(args.keep, policy, settings, code):
             results[policy], floors[policy], reused_from[policy] = reused.phase, reused.floor_s, reused.revision
             continue
@@ -340,6 +348,9 @@ def main() -> None:
     turns = (f" Trained by an earlier run with the same settings and code, and reused (--keep): "
              f"{', '.join(f'{policy} at {rev}' for policy, rev in reused_from.items())}; the minutes are this run's."
              if reused_from else "")
+    if args.baseline:
+        turns += (f" The baseline, `{policies[0]}`, is {args.baseline}: the same settings, trained at "
+                  f"{baseline.revision} on other swarm code (--baseline).")
     markdown = f"""## {title}
 
 Command: `{command_line()}` at {started_at} on the project's 2-core machine, {wall_s / 60:.0f} min.{turns}

@@ -61,8 +61,8 @@ ROUNDED_AT_RANDOM: tuple[Codec, ...] = ("4bit",)
 """Activation gradients in these codecs are rounded at random, unbiased (protocol/codecs.py), each frame's rounding
 drawn from its place in the run (stage, pipeline, step, micro-batch), so a retried step sends the same bytes. Rounded
 to the nearest level, 4-bit gradients stall the end of training: in benchmarks/activation_wire.py's 300 steps of the
-bandwidth-bound layout's model (RESULTS.md `activation-gradient-rounding`), the last 20 steps' loss +40 % over 8-bit
-gradients, +5 % rounded at random."""
+bandwidth-bound layout's model (RESULTS.md `activation-gradient-rounding`), the last 20 steps' loss +42 % over 8-bit
+gradients, +6 % rounded at random."""
 
 BLOCK_VALUES = 256
 """Values per block of the 8-bit codec, each block sent with its float32 scale."""
