@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import psutil
 from demo_scale import TreeMemory  # benchmarks/ is on sys.path when run as a script
 from hivemind.utils import get_dht_time
-from results import command_line, revision, write_section
+from results import command_line, reference_work_s, revision, write_section
 from standby_swarm import preloading_server, role_of, tree
 from swarm_log_lines import coordinator_phases, departures_counted, estimated_links, planned_out, unstored_records
 
@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=5.0, help="the coordinator's search budget, seconds")
     args = parser.parse_args()
     config = DemoConfig(clients=args.peers, dp=args.dp, stages=args.pp, ttl_s=TTL_S)
+    reference_s = reference_work_s()
     names = {name: region for name, region in config.sites()}
     memory = TreeMemory()
     with LocalSwarm("scale", preimported=True) as swarm:
@@ -220,6 +221,7 @@ def main() -> None:
         f"| peers reported unreachable and planned out | {', '.join(planned_out(coordinator)) or 'none'} |",
         f"| client records no DHT node accepted (log lines) | {unstored} |",
         f"| highest load average (1 min) | {memory.peak_load:.0f} on {os.cpu_count()} cores |",
+        f"| this machine's speed: benchmarks/results.py's reference work before the run | {reference_s:.3f} s |",
     ]
     markdown = "\n".join([
         f"## {args.peers} real peers on one machine: from the last join to the first plan",
