@@ -54,7 +54,11 @@ from hetswarm.protocol.model_config import ModelConfig, get_model_config
 from hetswarm.protocol.wire_format import Codec
 
 STRETCHES = 6
-WIRES = ("fp16", "8bit", "aq-sgd", "adaptive", "bw4", "bw4-stochastic", "aq-bw4", "aq-bw4-stochastic")
+WIRES: dict[str, tuple[bool, str]] = {
+    "fp16": (False, "fp16"), "8bit": (False, "8bit"), "aq-sgd": (True, "8bit"), "adaptive": (True, "8bit"),
+    "bw4": (False, "4bit"), "bw4-stochastic": (False, "4bit at random"),
+    "aq-bw4": (True, "4bit"), "aq-bw4-stochastic": (True, "4bit at random")}
+"""Each wire option: whether it sends activation deltas, and how its gradients travel."""
 TOLERANCES = (1.0, 2.0, 4.0)
 """The T of `adaptive:T` whose share of delta frames an `aq-sgd` run reports."""
 
@@ -81,14 +85,12 @@ class Wire:
         name, _, tolerance = option.partition(":")
         if name not in WIRES:
             raise SystemExit(f"unknown wire {option!r}: {', '.join(WIRES)} (adaptive:T)")
+        self.sends_deltas, gradients = WIRES[name]
         self.codec: Codec = "fp16" if name == "fp16" else "8bit"
-        self.gradients: Callable[[torch.Tensor], torch.Tensor] = partial(round_trip, codec=self.codec)
-        if name in ("bw4", "aq-bw4"):
-            self.gradients = partial(round_trip, codec="4bit")
-        if name.endswith("bw4-stochastic"):
-            self.gradients = partial(rounded_at_random, seeds=itertools.count())
+        self.gradients: Callable[[torch.Tensor], torch.Tensor] = (
+            partial(rounded_at_random, seeds=itertools.count()) if gradients == "4bit at random"
+            else partial(round_trip, codec=gradients))
         self.tolerance = float(tolerance) if name == "adaptive" else None
-        self.sends_deltas = name in ("aq-sgd", "adaptive") or name.startswith("aq-bw4")
         self.links: dict[tuple[int, int], tuple[DeltaBuffers, DeltaBuffers]] = {}
         self.copies: dict[tuple[int, int], dict[Sample, torch.Tensor]] = {}
         """Each link's copy of each sample, as both ends hold it (DeltaBuffers keeps its own to itself): what a delta
